@@ -1,0 +1,31 @@
+"""kernels: the CUDA kernels of the course (one .cu per family) and the Python launcher beside each.
+
+    from kernels import REGISTRY, check, benchmark
+    o = REGISTRY["naive"].forward(q, k, v, causal=True)
+
+Importing this package needs no GPU and no CuPy; launching a kernel does.
+"""
+
+from ._core import (
+    GPUNotAvailableError,
+    UnsupportedDeviceError,
+    device_compute_capability,
+    gpu_name,
+    gpu_unavailable_reason,
+    kernel_source,
+    load_module,
+)
+from .check import TOLERANCES, CheckResult, check
+from .registry import REGISTRY, Variant, register
+from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table
+
+# Launcher modules register their attention variants on import.
+from . import naive, softmax  # noqa: E402,F401
+
+__all__ = [
+    "REGISTRY", "Variant", "register",
+    "check", "CheckResult", "TOLERANCES",
+    "benchmark", "Timing", "attention_flops", "attention_bytes", "format_table",
+    "kernel_source", "load_module", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
+    "GPUNotAvailableError", "UnsupportedDeviceError",
+]

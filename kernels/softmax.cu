@@ -1,0 +1,256 @@
+// softmax.cu -- row softmax on CUDA cores, from one thread per row to a block per row at copy speed.
+//
+// What it computes
+//   y[r, j] = exp(s*x[r, j] - m_r) / l_r  over the first n_r entries of row r, and y[r, j] = 0 beyond them,
+//   where m_r = max_j s*x[r, j] and l_r = sum_j exp(s*x[r, j] - m_r). Input and output are float32,
+//   row-major, rows of `cols` floats. A row whose entries are all -inf (or that has n_r = 0) becomes zeros.
+//   Which n_r and s each kernel uses:
+//     softmax_thread_per_row, softmax_warp_per_row, softmax_block_per_row   n_r = cols, s = 1
+//     softmax_scaled_causal_warp, softmax_scaled_causal_block               s = scale; with causal, the
+//         row r is query i = r % Tq of a (Tq, Tk) score matrix and n_r = i + Tk - Tq + 1 (bottom-right
+//         aligned mask, clamped to [0, Tk]); without causal n_r = Tk
+//     softmax_masked_lengths                                                n_r = lengths[r] (int32);
+//         entries at j >= n_r are never read, so padding may hold anything
+//
+// Algorithm
+//   thread per row: three passes (max, sum, normalise), one thread walks the whole row: little parallelism.
+//   warp per row:   each lane keeps an online (max, sum) over a strided slice of the row, one read of the
+//                   row; the 32 pairs are merged with __shfl_xor_sync; a second pass writes.
+//   block per row:  the same with a block-wide merge (warp shuffles, then one value per warp in shared
+//                   memory). Each thread caches up to CACHE_VEC4 float4 of its row in registers, so rows of
+//                   up to blockDim * 4 * CACHE_VEC4 floats are read from memory exactly once.
+//   Merging two partial (max, sum) pairs:  m = max(m1, m2),  l = l1 exp(m1 - m) + l2 exp(m2 - m).
+//
+// Launch configuration (block sizes are multiples of 32, at most 1024; chosen by the launcher)
+//   thread per row: grid = ceil(rows / BLOCK)
+//   warp per row:   grid = ceil(rows / (BLOCK / 32))
+//   block per row:  grid = rows
+//   Shared memory: (MAX_WARPS + 1) * 8 bytes, static. No dynamic shared memory.
+//
+// Vector loads
+//   The float4 paths need cols % 4 == 0 and 16-byte aligned rows; the launcher passes `vec` = 0 otherwise
+//   and the kernels fall back to scalar loads.
+//
+// Numerics
+//   float32, accurate expf (no fast-math). Inputs may contain -inf (masked scores).
+//
+// What comes next
+//   In attention this kernel still reads and writes a Tq x Tk matrix. FlashAttention (notebooks 03-04)
+//   keeps the online (max, sum) of this file but never writes the scores to memory at all.
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+constexpr int WARP_SIZE = 32;
+constexpr int MAX_WARPS = 1024 / WARP_SIZE;
+constexpr int CACHE_VEC4 = 8;  // float4 per thread kept in registers by the block-per-row kernels
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// A running softmax state: the largest value seen and the sum of exp(value - m).
+struct MaxSum {
+    float m;
+    float l;
+};
+
+// exp(x - m), with an empty state (m == -inf) giving 0 rather than exp(-inf + inf) = NaN.
+__device__ __forceinline__ float exp_shift(float x, float m) {
+    return m == NEG_INF ? 0.0f : expf(x - m);
+}
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == NEG_INF) return {NEG_INF, 0.0f};
+    return {m, a.l * expf(a.m - m) + b.l * expf(b.m - m)};  // expf(-inf) == 0 for an empty side
+}
+
+// Fold one value into the state (the online softmax recurrence).
+__device__ __forceinline__ MaxSum push(MaxSum s, float x) {
+    float m = fmaxf(s.m, x);
+    if (m == NEG_INF) return s;
+    return {m, s.l * expf(s.m - m) + expf(x - m)};
+}
+
+__device__ __forceinline__ MaxSum warp_reduce(MaxSum s) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
+        MaxSum o = {__shfl_xor_sync(FULL_MASK, s.m, offset), __shfl_xor_sync(FULL_MASK, s.l, offset)};
+        s = merge(s, o);
+    }
+    return s;
+}
+
+// Block-wide merge; every thread gets the result. `red` holds MAX_WARPS + 1 entries. Called once per block.
+__device__ MaxSum block_reduce(MaxSum s, MaxSum* red) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int nwarps = blockDim.x / WARP_SIZE;
+    s = warp_reduce(s);
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        MaxSum t = lane < nwarps ? red[lane] : MaxSum{NEG_INF, 0.0f};
+        t = warp_reduce(t);
+        if (lane == 0) red[MAX_WARPS] = t;  // a separate slot: no lane is still reading it
+    }
+    __syncthreads();
+    return red[MAX_WARPS];
+}
+
+__device__ __forceinline__ float4 load_masked4(const float* x, int j4, int n_valid, float scale) {
+    float4 t = reinterpret_cast<const float4*>(x)[j4];
+    const int j = 4 * j4;
+    t.x = j + 0 < n_valid ? t.x * scale : NEG_INF;
+    t.y = j + 1 < n_valid ? t.y * scale : NEG_INF;
+    t.z = j + 2 < n_valid ? t.z * scale : NEG_INF;
+    t.w = j + 3 < n_valid ? t.w * scale : NEG_INF;
+    return t;
+}
+
+__device__ __forceinline__ float4 normalise4(float4 t, float m, float inv) {
+    return make_float4(exp_shift(t.x, m) * inv, exp_shift(t.y, m) * inv,
+                       exp_shift(t.z, m) * inv, exp_shift(t.w, m) * inv);
+}
+
+// One block computes the softmax of one row: y[j] for j < n_total, reading x only at j < n_valid.
+__device__ void block_softmax_row(float* __restrict__ y, const float* __restrict__ x,
+                                  int n_valid, int n_total, float scale, int vec, MaxSum* red) {
+    if (vec) {
+        const int n4 = n_total / 4;            // float4 in the row
+        const int valid4 = (n_valid + 3) / 4;  // float4 holding at least one valid entry
+        float4 cache[CACHE_VEC4];
+        float m = NEG_INF;
+#pragma unroll
+        for (int c = 0; c < CACHE_VEC4; ++c) {
+            const int j4 = threadIdx.x + c * blockDim.x;
+            float4 t = make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+            if (j4 < valid4) t = load_masked4(x, j4, n_valid, scale);
+            cache[c] = t;
+            m = fmaxf(m, fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)));
+        }
+        float l = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CACHE_VEC4; ++c) {
+            const float4 t = cache[c];
+            l += exp_shift(t.x, m) + exp_shift(t.y, m) + exp_shift(t.z, m) + exp_shift(t.w, m);
+        }
+        MaxSum s = {m, l};
+        // Rows longer than the register cache: the rest is folded in online and read again below.
+        for (int j4 = threadIdx.x + CACHE_VEC4 * blockDim.x; j4 < valid4; j4 += blockDim.x) {
+            const float4 t = load_masked4(x, j4, n_valid, scale);
+            s = push(push(push(push(s, t.x), t.y), t.z), t.w);
+        }
+        s = block_reduce(s, red);
+        const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+        float4* y4 = reinterpret_cast<float4*>(y);
+#pragma unroll
+        for (int c = 0; c < CACHE_VEC4; ++c) {
+            const int j4 = threadIdx.x + c * blockDim.x;
+            if (j4 < n4) y4[j4] = normalise4(cache[c], s.m, inv);
+        }
+        for (int j4 = threadIdx.x + CACHE_VEC4 * blockDim.x; j4 < n4; j4 += blockDim.x) {
+            y4[j4] = j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, scale), s.m, inv)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    } else {
+        MaxSum s = {NEG_INF, 0.0f};
+        for (int j = threadIdx.x; j < n_valid; j += blockDim.x) s = push(s, x[j] * scale);
+        s = block_reduce(s, red);
+        const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+        for (int j = threadIdx.x; j < n_total; j += blockDim.x)
+            y[j] = j < n_valid ? exp_shift(x[j] * scale, s.m) * inv : 0.0f;
+    }
+}
+
+__device__ __forceinline__ int causal_valid(long long row, int Tq, int Tk, int causal) {
+    if (!causal) return Tk;
+    const int i = (int)(row % Tq);
+    return min(max(i + Tk - Tq + 1, 0), Tk);
+}
+
+// ---- 1. one thread per row: three passes -----------------------------------------------------------
+extern "C" __global__ void softmax_thread_per_row(float* __restrict__ out, const float* __restrict__ inp,
+                                                  long long rows, int cols) {
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const float* x = inp + row * cols;
+    float* y = out + row * cols;
+    float m = NEG_INF;
+    for (int j = 0; j < cols; ++j) m = fmaxf(m, x[j]);
+    float l = 0.0f;
+    for (int j = 0; j < cols; ++j) l += exp_shift(x[j], m);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int j = 0; j < cols; ++j) y[j] = exp_shift(x[j], m) * inv;
+}
+
+// ---- 2. one warp per row: online (max, sum) per lane, merged with shuffles -------------------------
+extern "C" __global__ void softmax_warp_per_row(float* __restrict__ out, const float* __restrict__ inp,
+                                                long long rows, int cols) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long row = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;  // a whole warp leaves together, so the shuffles below see 32 lanes
+    const float* x = inp + row * cols;
+    float* y = out + row * cols;
+    MaxSum s = {NEG_INF, 0.0f};
+    for (int j = lane; j < cols; j += WARP_SIZE) s = push(s, x[j]);
+    s = warp_reduce(s);
+    const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+    for (int j = lane; j < cols; j += WARP_SIZE) y[j] = exp_shift(x[j], s.m) * inv;
+}
+
+// ---- 3. one block per row, row cached in registers ---------------------------------------------------
+extern "C" __global__ void softmax_block_per_row(float* __restrict__ out, const float* __restrict__ inp,
+                                                 long long rows, int cols, int vec) {
+    __shared__ MaxSum red[MAX_WARPS + 1];
+    const long long row = blockIdx.x;
+    block_softmax_row(out + row * cols, inp + row * cols, cols, cols, 1.0f, vec, red);
+}
+
+// ---- 4. scale and causal mask fused into the softmax (llm.c kernel 5's idea) -------------------------
+// Warp per row, float4 loads. inp holds raw dot products q.k (unscaled); masked entries are never read.
+extern "C" __global__ void softmax_scaled_causal_warp(float* __restrict__ out, const float* __restrict__ inp,
+                                                      long long rows, int Tq, int Tk, float scale,
+                                                      int causal, int vec) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long row = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;
+    const float* x = inp + row * Tk;
+    float* y = out + row * Tk;
+    const int n_valid = causal_valid(row, Tq, Tk, causal);
+    MaxSum s = {NEG_INF, 0.0f};
+    if (vec) {
+        const int valid4 = (n_valid + 3) / 4;
+        for (int j4 = lane; j4 < valid4; j4 += WARP_SIZE) {
+            const float4 t = load_masked4(x, j4, n_valid, scale);
+            s = push(push(push(push(s, t.x), t.y), t.z), t.w);
+        }
+        s = warp_reduce(s);
+        const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+        float4* y4 = reinterpret_cast<float4*>(y);
+        for (int j4 = lane; j4 < Tk / 4; j4 += WARP_SIZE)
+            y4[j4] = j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, scale), s.m, inv)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    } else {
+        for (int j = lane; j < n_valid; j += WARP_SIZE) s = push(s, x[j] * scale);
+        s = warp_reduce(s);
+        const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+        for (int j = lane; j < Tk; j += WARP_SIZE) y[j] = j < n_valid ? exp_shift(x[j] * scale, s.m) * inv : 0.0f;
+    }
+}
+
+// Block per row: the same function for long rows.
+extern "C" __global__ void softmax_scaled_causal_block(float* __restrict__ out, const float* __restrict__ inp,
+                                                       long long rows, int Tq, int Tk, float scale,
+                                                       int causal, int vec) {
+    __shared__ MaxSum red[MAX_WARPS + 1];
+    const long long row = blockIdx.x;
+    block_softmax_row(out + row * Tk, inp + row * Tk, causal_valid(row, Tq, Tk, causal), Tk, scale, vec, red);
+}
+
+// ---- 5. per-row lengths instead of a mask tensor ------------------------------------------------------
+extern "C" __global__ void softmax_masked_lengths(float* __restrict__ out, const float* __restrict__ inp,
+                                                  const int* __restrict__ lengths, long long rows, int cols,
+                                                  int vec) {
+    __shared__ MaxSum red[MAX_WARPS + 1];
+    const long long row = blockIdx.x;
+    const int n_valid = min(max(lengths[row], 0), cols);  // the launcher rejects bad lengths; never overrun
+    block_softmax_row(out + row * cols, inp + row * cols, n_valid, cols, 1.0f, vec, red);
+}

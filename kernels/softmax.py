@@ -1,0 +1,121 @@
+"""Launchers for kernels/softmax.cu: row softmax three ways, fused scale + causal mask, per-row lengths.
+
+    y = softmax(x, method="block")                  # x: (rows, cols) float32 CuPy array
+    p = scaled_causal_softmax(s, scale=0.125, causal=True)   # s: (..., Tq, Tk) raw scores q.k
+    y = masked_softmax(x, lengths)                  # lengths: (rows,) int32, entries past them never read
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._core import ceil_div, check_array, cp, get_kernel, require_gpu
+
+KERNEL_FILE = "softmax.cu"
+METHODS = ("thread", "warp", "block")
+DEFAULT_BLOCK = {"thread": 256, "warp": 256, "block": 512}
+MAX_GRID_X = 2**31 - 1
+
+
+def _check_block(block_size: int) -> int:
+    block_size = int(block_size)
+    if block_size < 32 or block_size > 1024 or block_size % 32:
+        raise ValueError(f"block_size must be a multiple of 32 in [32, 1024]; got {block_size}")
+    return block_size
+
+
+def _vec_ok(x, out, cols: int) -> int:
+    """float4 loads need rows of a multiple of 4 floats and 16-byte aligned base pointers."""
+    return int(cols % 4 == 0 and x.data.ptr % 16 == 0 and out.data.ptr % 16 == 0)
+
+
+def _rows_cols(x, name="x"):
+    check_array(x, name, dtypes=("float32",))
+    if x.ndim < 1 or x.size == 0:
+        raise ValueError(f"{name} must be a non-empty array of at least 1 dimension; got shape {x.shape}")
+    cols = x.shape[-1]
+    rows = x.size // cols
+    if cols > 2**31 - 1:
+        raise ValueError(f"rows of {cols} elements exceed the 32-bit column index (<= {2**31 - 1})")
+    return rows, cols
+
+
+def _grid(rows: int, per_block: int):
+    grid = ceil_div(rows, per_block)
+    if grid > MAX_GRID_X:
+        raise ValueError(f"{rows} rows need {grid} blocks; the grid allows at most {MAX_GRID_X}")
+    return (grid,)
+
+
+def _out(out, like):
+    if out is None:
+        return cp.empty_like(like)
+    check_array(out, "out", dtypes=("float32",))
+    if out.shape != like.shape:
+        raise ValueError(f"out has shape {out.shape}; it must match the input's {like.shape}")
+    return out
+
+
+def softmax(x, *, method: str = "block", block_size: int | None = None, out=None):
+    """Softmax over the last axis of a float32 CuPy array, with one of METHODS."""
+    require_gpu()
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    rows, cols = _rows_cols(x)
+    block = _check_block(block_size or DEFAULT_BLOCK[method])
+    out = _out(out, x)
+    if method == "thread":
+        get_kernel(KERNEL_FILE, "softmax_thread_per_row")(
+            _grid(rows, block), (block,), (out, x, np.int64(rows), np.int32(cols)))
+    elif method == "warp":
+        get_kernel(KERNEL_FILE, "softmax_warp_per_row")(
+            _grid(rows, block // 32), (block,), (out, x, np.int64(rows), np.int32(cols)))
+    else:
+        get_kernel(KERNEL_FILE, "softmax_block_per_row")(
+            _grid(rows, 1), (block,), (out, x, np.int64(rows), np.int32(cols), np.int32(_vec_ok(x, out, cols))))
+    return out
+
+
+def scaled_causal_softmax(scores, *, scale: float, causal: bool = True, method: str = "auto",
+                          block_size: int | None = None, out=None):
+    """softmax(scale * scores) over the last axis, with the bottom-right causal mask fused in.
+
+    scores has shape (..., Tq, Tk) and holds raw dot products; masked entries are never read and come
+    out as 0. method: "warp" (a warp per row), "block" (a block per row) or "auto" (block for rows
+    longer than 1024).
+    """
+    require_gpu()
+    if scores.ndim < 2:
+        raise ValueError(f"scores must be (..., Tq, Tk); got shape {getattr(scores, 'shape', None)}")
+    rows, Tk = _rows_cols(scores, "scores")
+    Tq = scores.shape[-2]
+    if method == "auto":
+        method = "block" if Tk > 1024 else "warp"
+    if method not in ("warp", "block"):
+        raise ValueError(f"method must be 'warp', 'block' or 'auto'; got {method!r}")
+    block = _check_block(block_size or DEFAULT_BLOCK[method])
+    out = _out(out, scores)
+    args = (out, scores, np.int64(rows), np.int32(Tq), np.int32(Tk), np.float32(scale), np.int32(bool(causal)),
+            np.int32(_vec_ok(scores, out, Tk)))
+    if method == "warp":
+        get_kernel(KERNEL_FILE, "softmax_scaled_causal_warp")(_grid(rows, block // 32), (block,), args)
+    else:
+        get_kernel(KERNEL_FILE, "softmax_scaled_causal_block")(_grid(rows, 1), (block,), args)
+    return out
+
+
+def masked_softmax(x, lengths, *, block_size: int | None = None, out=None):
+    """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries are never read."""
+    require_gpu()
+    rows, cols = _rows_cols(x)
+    check_array(lengths, "lengths", dtypes=("int32",), ndim=1)
+    if lengths.shape[0] != rows:
+        raise ValueError(f"lengths has {lengths.shape[0]} entries; x has {rows} rows")
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < 0 or hi > cols:
+        raise ValueError(f"lengths must lie in [0, {cols}] (the row length); got values in [{lo}, {hi}]")
+    block = _check_block(block_size or DEFAULT_BLOCK["block"])
+    out = _out(out, x)
+    get_kernel(KERNEL_FILE, "softmax_masked_lengths")(
+        _grid(rows, 1), (block,), (out, x, lengths, np.int64(rows), np.int32(cols), np.int32(_vec_ok(x, out, cols))))
+    return out

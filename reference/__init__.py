@@ -1,0 +1,15 @@
+"""reference: the float64 NumPy oracle of the course. Imports nothing from the GPU world."""
+
+from .attention import attention, attention_scores, causal_mask
+from .llmc import attention_forward_llmc, permute_qkv, unpermute
+from .softmax import online_update, softmax_naive, softmax_online, softmax_safe
+from .tiled import flash_attention_1, flash_attention_2, merge_partials, split_kv_attention
+from .inputs import make_qkv
+
+__all__ = [
+    "attention", "attention_scores", "causal_mask",
+    "attention_forward_llmc", "permute_qkv", "unpermute",
+    "online_update", "softmax_naive", "softmax_online", "softmax_safe",
+    "flash_attention_1", "flash_attention_2", "merge_partials", "split_kv_attention",
+    "make_qkv",
+]
