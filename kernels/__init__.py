@@ -15,7 +15,7 @@ from ._core import (
     kernel_source,
     load_module,
 )
-from .check import TOLERANCES, CheckResult, check
+from .check import TOLERANCES, CheckResult, check, poisoned_allocations
 from .registry import REGISTRY, Variant, register
 from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table
 
@@ -24,7 +24,7 @@ from . import naive, softmax  # noqa: E402,F401
 
 __all__ = [
     "REGISTRY", "Variant", "register",
-    "check", "CheckResult", "TOLERANCES",
+    "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
     "benchmark", "Timing", "attention_flops", "attention_bytes", "format_table",
     "kernel_source", "load_module", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
     "GPUNotAvailableError", "UnsupportedDeviceError",

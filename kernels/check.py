@@ -10,6 +10,7 @@ The tolerance is chosen by the precision of the kernel's inputs and math (GUIDE.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,3 +78,28 @@ def check(out, ref, dtype="float32", *, tol: float | None = None) -> CheckResult
     rel = float(np.linalg.norm(diff) / norm) if norm > 0 else float(np.linalg.norm(diff))
     max_abs = float(np.abs(diff).max()) if diff.size else 0.0
     return CheckResult(rel, max_abs, tol, True, True)
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Inside this block every new CuPy allocation is filled with 0xFF bytes (NaN in every float dtype).
+
+    Launchers allocate their outputs with cupy.empty, which may hand back memory that still holds an
+    earlier, correct result; poisoning it means an element the kernel forgot to write fails `check`.
+    """
+    from ._core import cp, require_gpu
+
+    require_gpu()
+    pool = cp.get_default_memory_pool()
+
+    def malloc(nbytes):
+        mem = pool.malloc(nbytes)
+        if nbytes:
+            cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, nbytes, cp.cuda.get_current_stream().ptr)
+        return mem
+
+    cp.cuda.set_allocator(malloc)
+    try:
+        yield
+    finally:
+        cp.cuda.set_allocator(pool.malloc)

@@ -14,6 +14,7 @@
 //
 // Algorithm
 //   thread per row: three passes (max, sum, normalise), one thread walks the whole row: little parallelism.
+//                   The sum is compensated (Kahan), since one thread adds up tens of thousands of terms.
 //   warp per row:   each lane keeps an online (max, sum) over a strided slice of the row, one read of the
 //                   row; the 32 pairs are merged with __shfl_xor_sync; a second pass writes.
 //   block per row:  the same with a block-wide merge (warp shuffles, then one value per warp in shared
@@ -24,7 +25,8 @@
 // Launch configuration (block sizes are multiples of 32, at most 1024; chosen by the launcher)
 //   thread per row: grid = ceil(rows / BLOCK)
 //   warp per row:   grid = ceil(rows / (BLOCK / 32))
-//   block per row:  grid = rows
+//   block per row:  grid = rows; the launcher's default BLOCK = clamp(pow2ceil(cols / (4 * CACHE_VEC4)), 32, 1024),
+//                   so each thread holds up to CACHE_VEC4 float4 and a row of up to 32 768 floats is read once
 //   Shared memory: (MAX_WARPS + 1) * 8 bytes, static. No dynamic shared memory.
 //
 // Vector loads
@@ -144,11 +146,11 @@ __device__ void block_softmax_row(float* __restrict__ y, const float* __restrict
 #pragma unroll
         for (int c = 0; c < CACHE_VEC4; ++c) {
             const int j4 = threadIdx.x + c * blockDim.x;
-            if (j4 < n4) y4[j4] = normalise4(cache[c], s.m, inv);
+            if (j4 < n4) __stcs(y4 + j4, normalise4(cache[c], s.m, inv));  // streaming store: not re-read
         }
         for (int j4 = threadIdx.x + CACHE_VEC4 * blockDim.x; j4 < n4; j4 += blockDim.x) {
-            y4[j4] = j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, scale), s.m, inv)
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            __stcs(y4 + j4, j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, scale), s.m, inv)
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
         }
     } else {
         MaxSum s = {NEG_INF, 0.0f};
@@ -175,8 +177,15 @@ extern "C" __global__ void softmax_thread_per_row(float* __restrict__ out, const
     float* y = out + row * cols;
     float m = NEG_INF;
     for (int j = 0; j < cols; ++j) m = fmaxf(m, x[j]);
-    float l = 0.0f;
-    for (int j = 0; j < cols; ++j) l += exp_shift(x[j], m);
+    // One thread adds up the whole row: a plain float sum of 40 000 terms drifts by more than the
+    // 1e-5 tolerance, so the rounding error of each addition is carried along (Kahan summation).
+    float l = 0.0f, carry = 0.0f;
+    for (int j = 0; j < cols; ++j) {
+        const float term = exp_shift(x[j], m) - carry;
+        const float next = l + term;
+        carry = (next - l) - term;
+        l = next;
+    }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (int j = 0; j < cols; ++j) y[j] = exp_shift(x[j], m) * inv;
 }

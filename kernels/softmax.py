@@ -13,7 +13,8 @@ from ._core import ceil_div, check_array, cp, get_kernel, require_gpu
 
 KERNEL_FILE = "softmax.cu"
 METHODS = ("thread", "warp", "block")
-DEFAULT_BLOCK = {"thread": 256, "warp": 256, "block": 512}
+DEFAULT_BLOCK = {"thread": 256, "warp": 256}  # "block": auto_block(cols)
+CACHE_VEC4 = 8  # must match softmax.cu: float4 per thread held in registers
 MAX_GRID_X = 2**31 - 1
 
 
@@ -22,6 +23,15 @@ def _check_block(block_size: int) -> int:
     if block_size < 32 or block_size > 1024 or block_size % 32:
         raise ValueError(f"block_size must be a multiple of 32 in [32, 1024]; got {block_size}")
     return block_size
+
+
+def auto_block(cols: int) -> int:
+    """Block size for the block-per-row kernels: enough threads that each holds at most CACHE_VEC4 float4."""
+    want = ceil_div(cols, 4 * CACHE_VEC4)
+    block = 32
+    while block < want and block < 1024:
+        block *= 2
+    return block
 
 
 def _vec_ok(x, out, cols: int) -> int:
@@ -62,7 +72,7 @@ def softmax(x, *, method: str = "block", block_size: int | None = None, out=None
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     rows, cols = _rows_cols(x)
-    block = _check_block(block_size or DEFAULT_BLOCK[method])
+    block = _check_block(block_size or (auto_block(cols) if method == "block" else DEFAULT_BLOCK[method]))
     out = _out(out, x)
     if method == "thread":
         get_kernel(KERNEL_FILE, "softmax_thread_per_row")(
@@ -93,7 +103,7 @@ def scaled_causal_softmax(scores, *, scale: float, causal: bool = True, method: 
         method = "block" if Tk > 1024 else "warp"
     if method not in ("warp", "block"):
         raise ValueError(f"method must be 'warp', 'block' or 'auto'; got {method!r}")
-    block = _check_block(block_size or DEFAULT_BLOCK[method])
+    block = _check_block(block_size or (auto_block(Tk) if method == "block" else DEFAULT_BLOCK[method]))
     out = _out(out, scores)
     args = (out, scores, np.int64(rows), np.int32(Tq), np.int32(Tk), np.float32(scale), np.int32(bool(causal)),
             np.int32(_vec_ok(scores, out, Tk)))
@@ -114,7 +124,7 @@ def masked_softmax(x, lengths, *, block_size: int | None = None, out=None):
     lo, hi = int(lengths.min()), int(lengths.max())
     if lo < 0 or hi > cols:
         raise ValueError(f"lengths must lie in [0, {cols}] (the row length); got values in [{lo}, {hi}]")
-    block = _check_block(block_size or DEFAULT_BLOCK["block"])
+    block = _check_block(block_size or auto_block(cols))
     out = _out(out, x)
     get_kernel(KERNEL_FILE, "softmax_masked_lengths")(
         _grid(rows, 1), (block,), (out, x, lengths, np.int64(rows), np.int32(cols), np.int32(_vec_ok(x, out, cols))))

@@ -1,0 +1,85 @@
+"""The course's main job: execute every notebook in order, then check and time every kernel.
+
+    python3 notebooks/run_all.py              # all notebooks, then the kernel summary
+    python3 notebooks/run_all.py 00 02        # only the notebooks whose names start with these
+
+Executed copies go to results/notebooks/ (the committed notebooks are left as they are). On a machine
+without a CUDA GPU, the notebooks that need none run, and the rest are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def needs_gpu(path: Path) -> bool:
+    return bool(json.loads(path.read_text())["metadata"].get("course", {}).get("needs_gpu", True))
+
+
+def execute(path: Path, out_dir: Path) -> tuple[bool, str]:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+
+    class Progress(NotebookClient):
+        async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            if cell.cell_type == "code":
+                done = sum(1 for c in code[: code.index(cell) + 1])
+                print(f"\r  {path.stem}: cell {done}/{len(code)}", end="", flush=True)
+            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+
+    client = Progress(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.time()
+    try:
+        client.execute()
+        ok, msg = True, f"{time.time() - t0:.0f} s"
+    except CellExecutionError as e:
+        ok, msg = False, str(e).strip().splitlines()[-1]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_dir / path.name)
+    print()
+    return ok, msg
+
+
+def main(argv: list[str]) -> int:
+    from kernels import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if argv:
+        notebooks = [p for p in notebooks if any(p.name.startswith(a) for a in argv)]
+    out_dir = ROOT / "results" / "notebooks"
+    summary, failed = [], False
+    for path in notebooks:
+        if needs_gpu(path) and reason is not None:
+            summary.append((path.stem, "skipped", f"needs a CUDA GPU: {reason}"))
+            continue
+        print(f"[{len(summary) + 1}/{len(notebooks)}] executing {path.name}")
+        ok, msg = execute(path, out_dir)
+        failed |= not ok
+        summary.append((path.stem, "ok" if ok else "FAILED", msg))
+    print("\nnotebooks (executed copies in results/notebooks/):")
+    for name, status, msg in summary:
+        print(f"  {name:28s} {status:8s} {msg}")
+    if reason is not None:
+        print(f"\nkernel summary skipped: it needs a CUDA GPU ({reason}).")
+        print("Everything that runs without a GPU ran; on a GPU machine the same command runs the rest.")
+        return 1 if failed else 0
+    print("\nkernel summary (python3 -m kernels.bench):")
+    from kernels import bench
+
+    rc = bench.main([])
+    return 1 if failed or rc else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

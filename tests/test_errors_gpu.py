@@ -1,0 +1,114 @@
+"""Bad input gets a clear error naming the argument, the value and the limit (run on the GPU)."""
+
+import numpy as np
+import pytest
+
+import kernels
+import kernels._core as core
+from kernels import naive
+from kernels import softmax as S
+
+VARIANTS = sorted(kernels.REGISTRY)
+
+
+def _qkv(cp, variant, B=1, H=2, T=16, d=32, dtype=None):
+    dtype = dtype or variant.dtypes[0]
+    rng = np.random.default_rng(0)
+    return [cp.asarray(rng.standard_normal((B, H, T, d)).astype(dtype)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_numpy_input_is_a_type_error(gpu, name):
+    v = kernels.REGISTRY[name]
+    q, k, val = _qkv(gpu, v)
+    with pytest.raises(TypeError, match=r"q must be a cupy\.ndarray.*numpy\.ndarray"):
+        v.forward(q.get(), k, val)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_wrong_dtype_is_a_type_error(gpu, name):
+    v = kernels.REGISTRY[name]
+    q, k, val = _qkv(gpu, v, dtype=np.float64)
+    with pytest.raises(TypeError, match=r"q has dtype float64; this kernel takes"):
+        v.forward(q, k, val)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_strided_view_is_rejected(gpu, name):
+    v = kernels.REGISTRY[name]
+    q, k, val = _qkv(gpu, v, T=32)
+    q16, v16 = q[:, :, :16].copy(), val[:, :, :16].copy()
+    with pytest.raises(ValueError, match=r"k must be C-contiguous.*strides"):
+        v.forward(q16, k[:, :, ::2], v16)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_head_dim_over_the_limit(gpu, name):
+    v = kernels.REGISTRY[name]
+    if v.max_d >= 1024:
+        pytest.skip(f"{name} accepts any head dimension up to {v.max_d}")
+    q, k, val = _qkv(gpu, v, d=v.max_d + 8)
+    with pytest.raises(ValueError, match=rf"d={v.max_d + 8}.*d <= {v.max_d}"):
+        v.forward(q, k, val)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shape_mismatch(gpu, name):
+    v = kernels.REGISTRY[name]
+    q, k, val = _qkv(gpu, v)
+    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
+        v.forward(q, k, val[:, :, :8].copy())
+    with pytest.raises(ValueError, match=r"must be 4-D"):
+        v.forward(q[0], k, val)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_non_finite_scale(gpu, name):
+    v = kernels.REGISTRY[name]
+    with pytest.raises(ValueError, match=r"scale must be a finite number; got nan"):
+        v.forward(*_qkv(gpu, v), scale=float("nan"))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_old_gpu_gets_a_clear_error(gpu, name, monkeypatch):
+    v = kernels.REGISTRY[name]
+    monkeypatch.setattr(core, "device_compute_capability", lambda: (7, 5))
+    need = f"{v.min_cc[0]}.{v.min_cc[1]}"
+    with pytest.raises(kernels.UnsupportedDeviceError, match=rf"compute capability >= {need}.* has 7\.5"):
+        v.forward(*_qkv(gpu, v))
+
+
+def test_shared_memory_over_the_device_limit(gpu, monkeypatch):
+    monkeypatch.setattr(core, "max_shared_memory_optin", lambda: 100 * 1024)
+    with pytest.raises(ValueError, match=r"needs 200000 bytes of shared memory.*at most 102400"):
+        core.set_dynamic_shared_memory(object(), 200_000, "a test kernel")
+
+
+def test_block_size_and_packed_layout_errors(gpu):
+    cp = gpu
+    q = cp.ones((1, 1, 4, 8), dtype=cp.float32)
+    with pytest.raises(ValueError, match=r"block_size must be a multiple of 32 in \[32, 1024\]; got 100"):
+        naive.forward(q, q, q, block_size=100)
+    with pytest.raises(ValueError, match=r"last dimension \(24\) must be 3 \* NH \* head_size with NH=5"):
+        naive.forward_packed(cp.ones((1, 4, 24), dtype=cp.float32), 5)
+
+
+def test_softmax_errors(gpu):
+    cp = gpu
+    x = cp.ones((4, 8), dtype=cp.float32)
+    with pytest.raises(ValueError, match=r"method must be one of"):
+        S.softmax(x, method="fast")
+    with pytest.raises(TypeError, match=r"x has dtype float16"):
+        S.softmax(x.astype(cp.float16))
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, 8\].*\[0, 9\]"):
+        S.masked_softmax(x, cp.asarray(np.array([0, 1, 9, 2], np.int32)))
+    with pytest.raises(ValueError, match=r"lengths has 3 entries; x has 4 rows"):
+        S.masked_softmax(x, cp.zeros(3, dtype=cp.int32))
+    with pytest.raises(ValueError, match=r"out has shape"):
+        S.softmax(x, out=cp.empty((4, 9), dtype=cp.float32))
+
+
+def test_no_gpu_error_names_the_reason(monkeypatch):
+    monkeypatch.setattr(core, "cp", None)
+    with pytest.raises(kernels.GPUNotAvailableError, match="CuPy is not installed"):
+        core.require_gpu()

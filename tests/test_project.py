@@ -1,0 +1,97 @@
+"""Project hygiene that needs no GPU: notebooks stored executed, dependencies consistent, registry sane."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_notebooks_exist_in_order():
+    names = [p.stem for p in NOTEBOOKS]
+    assert names[:3] == ["00_cpu_reference", "01_naive_cuda", "02_softmax_kernels"], names
+    numbers = [int(n[:2]) for n in names]
+    assert numbers == list(range(len(numbers))), f"notebook numbers must run 00, 01, ... without gaps: {names}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_stored_executed(path):
+    nb = json.loads(path.read_text())
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "nbval starts the kernel by this name"
+    assert "needs_gpu" in nb["metadata"].get("course", {}), "metadata.course.needs_gpu tells CI what it can run"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert code, "a notebook without code"
+    unrun = [i for i, c in enumerate(code) if c.get("execution_count") is None]
+    assert not unrun, f"code cells {unrun} were never executed: nbval compares stored outputs"
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"cells were not run top to bottom in one kernel: {counts}"
+    errors = [o.get("ename") for c in code for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, f"stored error outputs: {errors}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_kernel_files_exist(path):
+    text = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+    for name in re.findall(r"[\"']([A-Za-z0-9_]+\.cu)[\"']", text):
+        assert (ROOT / "kernels" / name).is_file(), f"{path.name} loads kernels/{name}, which does not exist"
+
+
+def test_every_kernel_is_taught():
+    text = " ".join(p.read_text() for p in NOTEBOOKS)
+    for cu in (ROOT / "kernels").glob("*.cu"):
+        assert cu.name in text, f"kernels/{cu.name} is not shown in any notebook"
+
+
+def test_registry_variants_point_at_notebooks():
+    import kernels
+
+    assert kernels.REGISTRY, "no attention variant is registered"
+    stems = {p.stem for p in NOTEBOOKS}
+    for v in kernels.REGISTRY.values():
+        assert v.notebook in stems, f"variant {v.name} names notebook {v.notebook}, which does not exist"
+        assert v.dtypes and v.max_d >= 16
+
+
+def _pip_names(path):
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            names.add(re.split(r"[<>=!~\[; ]", line)[0].lower())
+    return names
+
+
+# conda-forge name -> PyPI name, where they differ
+CONDA_TO_PIP = {"pytorch-gpu": "torch", "pytorch": "torch", "cupy": "cupy-cuda13x"}
+CONDA_ONLY = {"python", "pip", "cuda-version"}
+
+
+def test_environment_yml_matches_requirements():
+    yaml = pytest.importorskip("yaml")
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = set()
+    for dep in env["dependencies"]:
+        if isinstance(dep, str):
+            name = re.split(r"[<>=! ]", dep)[0].lower()
+            if name not in CONDA_ONLY:
+                conda.add(CONDA_TO_PIP.get(name, name))
+    pip = _pip_names(ROOT / "requirements.txt")
+    assert conda == pip, f"only in environment.yml: {sorted(conda - pip)}; only in requirements.txt: {sorted(pip - conda)}"
+
+
+def test_test_requirements_cover_the_test_imports():
+    names = _pip_names(ROOT / "requirements-test.txt")
+    for needed in ("numpy", "pytest", "nbval", "ipykernel", "matplotlib", "cuda-bindings", "nvidia-cuda-nvrtc"):
+        assert needed in names, f"requirements-test.txt lacks {needed}"
+
+
+def test_readme_states_the_test_command_that_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    m = re.search(r"<!-- test-command -->\s*```(?:bash|sh)?\n(.+?)\n```", readme, re.S)
+    assert m, "README.md must show the test command in a block after <!-- test-command -->"
+    command = m.group(1).strip()
+    assert command in ci, f".ci/run does not run the README's test command: {command!r}"
