@@ -19,7 +19,9 @@
 //                   row; the 32 pairs are merged with __shfl_xor_sync; a second pass writes.
 //   block per row:  the same with a block-wide merge (warp shuffles, then one value per warp in shared
 //                   memory). Each thread caches up to CACHE_VEC4 float4 of its row in registers, so rows of
-//                   up to blockDim * 4 * CACHE_VEC4 floats are read from memory exactly once.
+//                   up to blockDim * 4 * CACHE_VEC4 floats are read from memory exactly once; the cached values
+//                   are exponentiated once, against the thread's own max m_t, and rescaled by exp(m_t - m) / l
+//                   when written.
 //   Merging two partial (max, sum) pairs:  m = max(m1, m2),  l = l1 exp(m1 - m) + l2 exp(m2 - m).
 //
 // Launch configuration (block sizes are multiples of 32, at most 1024; chosen by the launcher)
@@ -128,11 +130,13 @@ __device__ void block_softmax_row(float* __restrict__ y, const float* __restrict
             cache[c] = t;
             m = fmaxf(m, fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)));
         }
+        // Exponentiate once, against this thread's own max m; the cache now holds exp(x - m).
         float l = 0.0f;
 #pragma unroll
         for (int c = 0; c < CACHE_VEC4; ++c) {
             const float4 t = cache[c];
-            l += exp_shift(t.x, m) + exp_shift(t.y, m) + exp_shift(t.z, m) + exp_shift(t.w, m);
+            cache[c] = make_float4(exp_shift(t.x, m), exp_shift(t.y, m), exp_shift(t.z, m), exp_shift(t.w, m));
+            l += (cache[c].x + cache[c].y) + (cache[c].z + cache[c].w);
         }
         MaxSum s = {m, l};
         // Rows longer than the register cache: the rest is folded in online and read again below.
@@ -142,11 +146,15 @@ __device__ void block_softmax_row(float* __restrict__ y, const float* __restrict
         }
         s = block_reduce(s, red);
         const float inv = s.l > 0.0f ? 1.0f / s.l : 0.0f;
+        // exp(x - M) / L = exp(x - m) * (exp(m - M) / L): one multiply per cached value, no second exp.
+        const float factor = exp_shift(m, s.m) * inv;
         float4* y4 = reinterpret_cast<float4*>(y);
 #pragma unroll
         for (int c = 0; c < CACHE_VEC4; ++c) {
             const int j4 = threadIdx.x + c * blockDim.x;
-            if (j4 < n4) __stcs(y4 + j4, normalise4(cache[c], s.m, inv));  // streaming store: not re-read
+            const float4 e = cache[c];
+            if (j4 < n4)  // streaming store: the output is not read again, so keep it from evicting the input
+                __stcs(y4 + j4, make_float4(e.x * factor, e.y * factor, e.z * factor, e.w * factor));
         }
         for (int j4 = threadIdx.x + CACHE_VEC4 * blockDim.x; j4 < n4; j4 += blockDim.x) {
             __stcs(y4 + j4, j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, scale), s.m, inv)
