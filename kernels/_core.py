@@ -16,6 +16,11 @@ try:  # CuPy is only needed on a machine with a GPU.
 except ImportError:  # pragma: no cover - exercised on CPU-only machines
     cp = None
 
+try:  # registers NumPy's "bfloat16" dtype, which CuPy's bfloat16 arrays use (CuPy >= 14)
+    import ml_dtypes  # noqa: F401
+except ImportError:  # pragma: no cover - float16/float32 work without it
+    ml_dtypes = None
+
 KERNEL_DIR = Path(__file__).resolve().parent
 
 # The one place where NVRTC options live. No fast-math: the float32 kernels are held to 1e-5.

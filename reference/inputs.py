@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # gives NumPy the "bfloat16" dtype, so make_qkv(..., dtype="bfloat16") works
+    import ml_dtypes  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
 
 def make_qkv(B, H, Tq, d, Tk=None, *, magnitude=1.0, seed=0, dtype=np.float32):
     """q (B, H, Tq, d), k and v (B, H, Tk, d): normal with std `magnitude`, never zeros.
