@@ -64,6 +64,9 @@ _FALLBACK_CONSTANTS = {
     "CUBLAS_POINTER_MODE_HOST": 0,
 }
 CUDA_R_32F = 0  # cudaDataType_t of float32 (library_types.h)
+# cudaDataType_t of each array dtype a GEMM here accepts (library_types.h): float16 and bfloat16 run on tensor
+# cores with float32 accumulation (kernels/cublas_half.py).
+CUDA_DATA_TYPES = {"float32": CUDA_R_32F, "float16": 2, "bfloat16": 14}
 
 
 def _cublas():
@@ -112,7 +115,16 @@ def _cublas_handle(math_mode_name: str = "CUBLAS_DEFAULT_MATH"):
 
 def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
                           beta, C, ldc, strideC, batch, tf32):
-    """Column-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, float32 in and out."""
+    """Column-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, with float32 accumulation.
+
+    The cudaDataType_t of A, B and C comes from the arrays' dtypes (CUDA_DATA_TYPES): float32 in and out
+    here; 16-bit A and B with a float32 or 16-bit C in kernels/cublas_half.py. alpha and beta are float32.
+    """
+    if A.dtype != B.dtype:
+        raise TypeError(f"GEMM operands A ({A.dtype}) and B ({B.dtype}) must share one dtype")
+    ab_type, c_type = CUDA_DATA_TYPES[A.dtype.name], CUDA_DATA_TYPES[C.dtype.name]
+    if tf32 and ab_type != CUDA_R_32F:
+        raise ValueError(f"TF32 applies to float32 operands only; got {A.dtype}")
     for name, val in (("m", m), ("n", n), ("k", k), ("batch", batch)):
         if val > INT32_MAX:
             raise ValueError(f"GEMM dimension {name}={val} exceeds cuBLAS's 32-bit limit ({INT32_MAX})")
@@ -122,9 +134,9 @@ def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ld
     with _cublas_handle() as (lib, handle):
         lib.gemmStridedBatchedEx(
             handle, cublas_constant(transa), cublas_constant(transb), m, n, k,
-            a.ctypes.data, A.data.ptr, CUDA_R_32F, lda, strideA,
-            B.data.ptr, CUDA_R_32F, ldb, strideB,
-            b.ctypes.data, C.data.ptr, CUDA_R_32F, ldc, strideC,
+            a.ctypes.data, A.data.ptr, ab_type, lda, strideA,
+            B.data.ptr, ab_type, ldb, strideB,
+            b.ctypes.data, C.data.ptr, c_type, ldc, strideC,
             batch, compute, cublas_constant("CUBLAS_GEMM_DEFAULT"))
 
 
