@@ -22,6 +22,9 @@ from .timing import Timing, attention_bytes, attention_flops, benchmark, format_
 # Launcher modules register their attention variants on import.
 from . import naive, softmax  # noqa: E402,F401
 from . import cublas_attention, flash1, flash2  # noqa: E402,F401
+from . import cublas_half  # noqa: E402,F401
+from . import flash2_mma  # noqa: E402,F401
+from . import flash2_wmma  # noqa: E402,F401
 
 __all__ = [
     "REGISTRY", "Variant", "register",

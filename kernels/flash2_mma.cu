@@ -1,0 +1,427 @@
+// flash2_mma.cu -- FlashAttention-2 forward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
+//
+// What it computes
+//   O[b, h] = softmax(scale * Q[b, h] K[b, h]^T + mask) V[b, h], and optionally the log-sum-exp of each row,
+//   for 16-bit inputs (float16 or bfloat16) with float32 accumulation. Causal masking is bottom-right aligned:
+//   query i sees key j when j <= i + Tk - Tq. A query row that sees no key gives 0 (lse = -inf).
+//
+// Where it sits in the course
+//   flash2.cu        the FA2 loop on CUDA cores (float32 FMA, 4x8 register micro-tiles).
+//   flash2_wmma.cu   the same loop with S = Q K^T and O += P V on tensor cores through nvcuda::wmma; the
+//                    softmax must go through shared memory, because a wmma fragment does not say which
+//                    element of the tile a register holds.
+//   this file        the layouts ARE documented at the PTX level (mma.sync), so the softmax runs on the
+//                    accumulator registers and P is reused as the A operand of P V without leaving them.
+//
+// Algorithm (one thread block = BR query rows of one (b, h); NWARPS warps, each owns 16*MT whole rows)
+//   load Q tile -> shared (cp.async)            ; m = -inf, l = 0, O = 0 in registers
+//   prefetch K, V tile 0 -> stage 0 (cp.async)
+//   for each key tile j (causal: only tiles that hold a visible key):
+//       wait for tile j; __syncthreads (the one barrier per tile: it also frees the stage of tile j-1)
+//       prefetch K, V tile j+1 -> that other stage (cp.async; it lands while this tile computes)
+//       S = Q K^T                : ldmatrix Q (A operand) and K (B operand), mma.sync into float32 registers
+//       mask keys >= Tk and, if causal, keys after the diagonal (-inf)
+//       m~ = c * rowmax S, c = scale * log2(e) > 0 : 4 threads share a row; two shuffles
+//       if m~ > m + 8: m' = m~, else m' = m  (lazy rescaling: the base moves only when p could exceed 2^8)
+//       P = exp2(c * S - m')     : one FMA and one ex2.approx per score, in place in the S registers
+//       l = l*exp2(m-m') + rowsum P ; O *= exp2(m - m') (skipped by a warp none of whose rows moved)
+//       O += P V                 : P converted to 16 bits in registers = the A fragments; V by ldmatrix.trans
+//   O /= l (the 4 threads of a row sum their partial l first); write O (16-bit) and lse = ln2 * (m + log2 l)
+//
+// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4; PTX ISA "Matrix Fragments for mma.m16n8k16")
+//
+//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
+//        cols 0..7     cols 8..15        k rows 0..7 | 8..15      cols 2t, 2t+1
+//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
+//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
+//
+//   The C layout of S = Q K^T (two 16x8 tiles side by side: keys 0..7 and 8..15) is, element for element,
+//   the A layout of P for P V (one 16x16 tile: keys 0..15): c0,c1 of tile 0 -> a0; c2,c3 of tile 0 -> a1;
+//   c0,c1 of tile 1 -> a2; c2,c3 of tile 1 -> a3. So P never leaves the registers.
+//
+// Warp layout of one block (BR = 16 * MT * NWARPS rows; the default builds have NWARPS = 4, MT = 2)
+//
+//            K/V tile j: BC keys, shared by all warps
+//          +-------------------------------------------+
+//   warp 0 | rows   0 .. 16MT-1  : S (16MT x BC) in registers, O (16MT x D) in registers
+//   warp 1 | rows 16MT .. 32MT-1 :   "
+//     ...  |
+//          +-------------------------------------------+
+//   No warp needs another warp's S, so the softmax needs no shared memory and no __syncthreads.
+//
+// Shared memory (16-bit elements, rows padded by SMEM_PAD = 8 elements = 16 bytes)
+//   sQ [BR][D + 8], sK [2][BC][D + 8], sV [2][BC][D + 8]      bytes = 2 * (BR + 4 * BC) * (D + 8)
+//   ldmatrix reads eight 16-byte rows at once; with rows of D = 64 elements (128 bytes) all eight would start
+//   in the same four banks (an 8-way conflict). The 16-byte pad moves each row 4 banks on, so the eight
+//   rows cover all 32 banks. (An XOR swizzle of the 16-byte chunks does the same without the wasted bytes.)
+//
+// Launch configuration
+//   grid  = B * H * ceil(Tq / BR) blocks, 1-D, head-major: block x works on head x / ceil(Tq/BR), so the
+//           blocks resident at one time share a few heads and re-read their K and V from L2 (ordered the
+//           other way round, with heads fastest, the K/V of every head compete for L2 and come from DRAM:
+//           measured 27% of DRAM bandwidth instead of 4%). Within a head the query tiles run last to first,
+//           so that under a causal mask the longest tiles are scheduled first and the short ones fill in.
+//   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
+//
+// Limits (checked by kernels/flash2_mma.py before launch)
+//   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
+//   are zero-filled by cp.async and never written back. Any Tq, Tk >= 1: rows past the end are zero-filled
+//   on load, masked to -inf as keys, and not stored as queries. q, k, v, o 16-byte aligned. Indices of
+//   elements are 64-bit, of rows 32-bit.
+//
+// Numerics
+//   Products in 16 bits, sums in float32 (the mma accumulators), softmax in float32 with exp2 (ex2.approx:
+//   relative error ~2^-22, flushed subnormals), P rounded to 16 bits before P V, O rounded once at the end.
+//
+// What comes next
+//   Hopper's wgmma (warpgroup MMA fed straight from shared memory by TMA) is what reaches the last third of
+//   the H100's tensor throughput (FlashAttention-3); mma.sync tops out at about two thirds of it.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define DEVICE __device__ __forceinline__
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+enum : int {
+    WARP_SIZE = 32,
+    MMA_M = 16,    // rows of an mma.m16n8k16 tile
+    MMA_N = 8,     // columns
+    MMA_K = 16,    // depth
+    CHUNK = 8,     // 16-bit elements in one 16-byte cp.async / ldmatrix row
+    SMEM_PAD = 8,  // elements of padding per shared-memory row (16 bytes)
+};
+// The exponent base of a row moves only when a tile's max exceeds it by more than this (log2 units), so
+// probabilities stay <= 2^8 before normalisation: exact in float32, representable in fp16 and bf16.
+#define RESCALE_THRESHOLD 8.0f
+#define LN2 0.6931471805599453f
+
+// ---------------------------------------------------------------------------------------------------------
+// PTX wrappers. Each is one instruction; the comments say what a lane gives and gets.
+// ---------------------------------------------------------------------------------------------------------
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// Copy 16 bytes global -> shared (a 32-bit shared-window address) without passing through registers;
+// src_bytes = 0 writes 16 zero bytes (the out-of-range rows and columns of a tile) and reads nothing.
+DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
+    const int src_bytes = in_range ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEVICE void cp_async_16(u32 dst, const void* src) {  // the common case: all 16 bytes in range
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>  // wait until at most PENDING committed groups are still in flight
+DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// Four 8x8 matrices of 16-bit elements: lane l gives the address of row (l % 8) of matrix (l / 8);
+// lane l gets, from matrix i, the two elements of row l/4, columns 2(l%4) and 2(l%4)+1, in r[i].
+DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// The same, transposed: lane l gets rows 2(l%4) and 2(l%4)+1 of column l/4 of each matrix.
+DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
+template <bool BF16>
+DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
+template <bool BF16>
+DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEVICE float quad_max(float x) {  // the 4 lanes of a quad hold one row's columns
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+DEVICE float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix -> the shared tile at `tile` ([ROWS][LD], 32-bit
+// shared address); zero-fill past T and d. Thread i copies 16-byte chunk i % CHUNKS of rows i / CHUNKS,
+// i / CHUNKS + STEP, ...: the same chunk of every tile, so its offsets are computed once per call and a tile
+// fully in range (all but the last, when d == D) needs one add and one cp.async per chunk.
+template <int ROWS, int D, int NTHREADS>
+DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int T, int d) {
+    constexpr int CHUNKS = D / CHUNK;  // 16-byte chunks per row
+    constexpr int LD = D + SMEM_PAD;
+    if constexpr (NTHREADS % CHUNKS == 0) {
+        constexpr int STEP = NTHREADS / CHUNKS;  // rows one pass of the block covers
+        constexpr int PASSES = (ROWS + STEP - 1) / STEP;
+        const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const u16* from = src + (long long)(row0 + r) * d + c * CHUNK;
+        const long long step = (long long)STEP * d;
+        const u32 to = tile + 2 * (r * LD + c * CHUNK);
+        if (row0 + ROWS <= T && d == D && ROWS % STEP == 0) {
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) cp_async_16(to + 2 * p * STEP * LD, from + p * step);
+        } else {
+            const bool col_ok = c * CHUNK < d;
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) {
+                if (ROWS % STEP == 0 || r + p * STEP < ROWS) {
+                    const bool ok = col_ok && row0 + r + p * STEP < T;
+                    cp_async_16(to + 2 * p * STEP * LD, ok ? from + p * step : src, ok);
+                }
+            }
+        }
+    } else {  // D = 96: 12 chunks per row do not divide the block; the plain loop
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NTHREADS) {
+            const int r = i / CHUNKS, c = i % CHUNKS;
+            const int row = row0 + r;
+            const bool ok = row < T && c * CHUNK < d;
+            cp_async_16(tile + 2 * (r * LD + c * CHUNK), ok ? src + (long long)row * d + c * CHUNK : src, ok);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The kernel. D: head-dim build; BC: keys per tile; NWARPS: warps per block; MT: 16-row m-tiles per warp.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE)
+flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                   u16* __restrict__ o, float* __restrict__ lse, int Tq, int Tk, int d, float scale_log2,
+                   int causal, int head_major) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr int WR = MMA_M * MT;    // query rows per warp
+    constexpr int BR = WR * NWARPS;   // query rows per block
+    constexpr int LD = D + SMEM_PAD;  // shared-memory row stride, elements
+    constexpr int S_NT = BC / MMA_N;  // 8-key n-tiles of S
+    constexpr int O_NT = D / MMA_N;   // 8-column n-tiles of O
+    static_assert(D % MMA_K == 0 && D >= 32 && D <= 128, "D must be a multiple of 16 in [32, 128]");
+    static_assert(BC % (2 * MMA_N) == 0 && BC >= 16, "BC must be a multiple of 16 (ldmatrix.x4 loads 2 n-tiles)");
+    static_assert(MT >= 1 && NWARPS >= 1 && NTHREADS <= 1024, "bad warp tiling");
+    static_assert((LD * 2) % 16 == 0, "shared rows must stay 16-byte aligned for cp.async and ldmatrix");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr u32 TILE_KV = 2 * BC * LD;  // bytes of one K (or V) stage
+    const u32 sQ = smem_addr(smem_raw);   // 32-bit shared-window addresses: ldmatrix and cp.async take these
+    const u32 sK = sQ + 2 * BR * LD;      // [2][BC][LD]
+    const u32 sV = sK + 2 * TILE_KV;      // [2][BC][LD]
+
+    // One block per (b*h, query tile), in a 1-D grid ordered head-major: the blocks that run side by side
+    // share a head, so its K and V come from L2 rather than DRAM. Query tiles go last to first, so that
+    // under a causal mask the longest tiles of a head start first.
+    // (head_major = 0 orders the grid the other way round, heads fastest: kept to measure the difference.)
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    const int n_heads = gridDim.x / n_qtiles;
+    const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
+    const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, t = lane % 4;  // the mma layout's row group and thread-in-group
+    const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
+    const u16* qh = q + q_base;
+    const u16* kh = k + k_base;
+    const u16* vh = v + k_base;
+    const int diag = Tk - Tq;  // query i sees keys j <= i + diag
+
+    // Keys this block needs: all of them, or (causal) up to the last visible key of its last real row.
+    int kv_end = Tk;
+    if (causal) kv_end = min(Tk, min(q0 + BR, Tq) + diag);
+    const int n_tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
+
+    load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d);
+    if (n_tiles > 0) {
+        load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d);
+        load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d);
+    }
+    cp_async_commit();
+
+    float acc_o[MT][O_NT][4];
+    float row_max[MT][2], row_sum[MT][2];  // [m-tile][row g or g+8], in log2 units; row_sum is this lane's part
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    // Per-lane byte offsets of the ldmatrix row addresses (lane l gives row l % 8 of matrix l / 8):
+    //   Q (A operand, 16x16): rows l % 16, column half l / 16
+    //   K (B operand, two n-tiles): key rows l % 8 + 8 (l / 16), column half (l / 8) % 2
+    //   V (B operand, .trans, two n-tiles): key rows l % 8 + 8 ((l / 8) % 2), column half l / 16
+    const u32 q_lane = sQ + 2 * ((warp * WR + lane % 16) * LD + (lane / 16) * CHUNK);
+    const u32 k_lane = 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
+    const u32 v_lane = 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j & 1;
+        cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
+        __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
+        if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
+            load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d);
+            load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d);
+            cp_async_commit();
+        }
+        const u32 k_tile = sK + stage * TILE_KV + k_lane;
+        const u32 v_tile = sV + stage * TILE_KV + v_lane;
+
+        // ---- S = Q K^T: (WR x D) x (D x BC) per warp -------------------------------------------------
+        float acc_s[MT][S_NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / MMA_K; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)  // A = Q rows 16mt + (l % 16), columns 16kk + 8 (l / 16)
+                ldmatrix_x4(a[mt], q_lane + 2 * (mt * MMA_M * LD + kk * MMA_K));
+#pragma unroll
+            for (int np = 0; np < S_NT / 2; ++np) {  // B = K^T: K rows (keys) are B's columns
+                u32 b[4];  // b[0], b[1]: n-tile 2np; b[2], b[3]: n-tile 2np + 1
+                ldmatrix_x4(b, k_tile + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<BF16>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816<BF16>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+
+        // ---- mask, online softmax on the registers ------------------------------------------------------
+        // row_max holds the exponent base of each row (log2 units, scale folded in). It moves only when the
+        // tile's max exceeds it by more than RESCALE_THRESHOLD: until then p = 2^(c s - base) <= 2^8, exact
+        // in float32 and far inside float16/bfloat16 range, and O and l need no rescaling (a warp skips the
+        // rescale when none of its rows moved). The result is the same; only the common factor differs.
+        const int k0 = j * BC;
+        const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
+        float correction[MT][2];
+        bool moved = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+                const int row = q0 + warp * WR + mt * MMA_M + g + 8 * h;
+                float mx = NEG_INF;  // the row's largest raw score in this tile
+#pragma unroll
+                for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (edge) {
+                            const int col = k0 + nt * MMA_N + 2 * t + e;
+                            if (col >= Tk || (causal && col > row + diag)) acc_s[mt][nt][2 * h + e] = NEG_INF;
+                        }
+                        mx = fmaxf(mx, acc_s[mt][nt][2 * h + e]);
+                    }
+                }
+                // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
+                // the exponent's FMA below, not multiplied into every score.
+                const float m_tile = quad_max(mx) * scale_log2;
+                const float old = row_max[mt][h];
+                const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
+                row_max[mt][h] = move ? m_tile : old;
+                correction[mt][h] = move ? exp2_approx(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
+                moved |= move;
+                const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float p = exp2_approx(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+                        acc_s[mt][nt][2 * h + e] = p;
+                        sum += p;
+                    }
+                }
+                row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+            }
+        }
+        if (__any_sync(0xffffffffu, moved)) {  // O *= correction, row by row (1 where the base did not move)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= correction[mt][e / 2];
+        }
+
+        // ---- O += P V: P from the S registers (A operand), V by ldmatrix.trans (B operand) ------------
+#pragma unroll
+        for (int kk = 0; kk < BC / MMA_K; ++kk) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack2<BF16>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);          // row g,   keys 0..7
+                a[mt][1] = pack2<BF16>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);          // row g+8, keys 0..7
+                a[mt][2] = pack2<BF16>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);  // row g,   keys 8..15
+                a[mt][3] = pack2<BF16>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);  // row g+8, keys 8..15
+            }
+#pragma unroll
+            for (int np = 0; np < O_NT / 2; ++np) {
+                u32 b[4];  // V rows (keys) 16kk + (l % 8) + 8 ((l / 8) % 2), columns 16np + 8 (l / 16)
+                ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
+
+    // ---- epilogue: O / l in 16 bits, lse = ln2 * (m + log2 l) ---------------------------------------------
+    u16* oh = o + q_base;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = q0 + warp * WR + mt * MMA_M + g + 8 * h;
+            const float l = quad_sum(row_sum[mt][h]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (row < Tq) {
+#pragma unroll
+                for (int nt = 0; nt < O_NT; ++nt) {
+                    const int col = nt * MMA_N + 2 * t;
+                    if (col < d)
+                        *reinterpret_cast<u32*>(oh + (long long)row * d + col) =
+                            pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
+                }
+                if (lse != nullptr && t == 0)
+                    lse[(long long)bh * Tq + row] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
+            }
+        }
+    }
+}
