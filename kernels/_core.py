@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import shutil
 import re
 from pathlib import Path
 
@@ -96,6 +98,39 @@ def set_dynamic_shared_memory(kernel, nbytes: int, what: str) -> None:
         )
     if nbytes > 48 * 1024:  # above the default limit a kernel must ask explicitly
         kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_header_options() -> tuple[str, ...]:
+    """("-I<dir>",) for a CUDA include directory that holds crt/mma.h, or () if none is found.
+
+    A kernel that includes <mma.h> (flash2_wmma.cu) needs "crt/mma.h" too. CuPy points NVRTC at the headers
+    of the nvidia-cuda-runtime wheel, which hold mma.h but not crt/ (that comes with the compiler, or with the
+    nvidia-cuda-crt wheel). So look for crt/mma.h in the wheels, then in the CUDA toolkit; NVRTC searches -I
+    directories in order after the including file's own directory. tests/test_compile.py uses this too.
+    """
+    candidates = []
+    try:
+        import nvidia.cu13 as wheel  # the CUDA 13 wheels' shared include directory
+
+        candidates += [Path(p) / "include" for p in wheel.__path__]
+    except ImportError:
+        pass
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    try:
+        candidates.append(Path(cp.cuda.get_cuda_path()) / "include")
+    except Exception:  # no CuPy, or CuPy found no toolkit
+        pass
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for inc in candidates:
+        if (inc / "crt" / "mma.h").is_file():
+            return (f"-I{inc}",)
+    return ()
 
 
 def kernel_path(filename: str) -> Path:

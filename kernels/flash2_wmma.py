@@ -12,14 +12,10 @@ D >= d; columns d..D-1 are zero-filled in shared memory.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
-from ._core import ceil_div, cp, get_kernel, set_dynamic_shared_memory, validate_attention
+from ._core import ceil_div, cp, cuda_header_options, get_kernel, set_dynamic_shared_memory, validate_attention
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_wmma.cu"
@@ -84,43 +80,10 @@ NVRTC_BUILDS = [((name_expression(dt, D, TILES[D]),), ()) for dt in CTYPES for D
 _CONFIGURED: set = set()  # (device id, dtype, D, tile) whose kernel attributes are set
 
 
-@lru_cache(maxsize=None)
-def mma_header_options() -> tuple[str, ...]:
-    """("-I<dir>",) for a CUDA include directory that holds crt/mma.h, or () if none is found.
-
-    The kernel includes <mma.h>, which includes "crt/mma.h". CuPy points NVRTC at the headers of the
-    nvidia-cuda-runtime wheel, and some installs of that wheel hold mma.h but not crt/ (which ships with the
-    compiler). So look for crt/mma.h in the wheel, then in the CUDA toolkit; NVRTC searches -I directories in
-    order after the including file's own directory.
-    """
-    candidates = []
-    try:
-        import nvidia.cu13 as wheel  # the CUDA 13 wheels' shared include directory
-
-        candidates += [Path(p) / "include" for p in wheel.__path__]
-    except ImportError:
-        pass
-    for var in ("CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(var):
-            candidates.append(Path(os.environ[var]) / "include")
-    try:
-        candidates.append(Path(cp.cuda.get_cuda_path()) / "include")
-    except Exception:  # no CuPy, or CuPy found no toolkit
-        pass
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(nvcc).resolve().parent.parent / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
-    for inc in candidates:
-        if (inc / "crt" / "mma.h").is_file():
-            return (f"-I{inc}",)
-    return ()
-
-
 def _kernel(dtype: str, D: int, tile):
     """The compiled build for (dtype, D, tile), with its shared-memory limit raised and the carveout set, once."""
     expr = name_expression(dtype, D, tile)
-    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=mma_header_options())
+    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=cuda_header_options())
     key = (cp.cuda.Device().id, dtype, D, tuple(tile))
     if key not in _CONFIGURED:
         set_dynamic_shared_memory(kernel, smem_bytes(D, *tile), f"flash2_wmma ({dtype}, D={D}, tile={tuple(tile)})")

@@ -46,6 +46,9 @@ def nvrtc_compile(source: str, name: str, arch: str, options=(), name_expression
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
     if inc is not None:
         opts.append(f"-I{inc}".encode())
+    from kernels._core import cuda_header_options  # crt/mma.h for <mma.h>, where the runtime wheel lacks it
+
+    opts += [o.encode() for o in cuda_header_options()]
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
