@@ -211,10 +211,11 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The kernel. D: head-dim build; BC: keys per tile; NWARPS: warps per block; MT: 16-row m-tiles per warp.
+// The kernel. D: head-dim build; BC: keys per tile; NWARPS: warps per block; MT: 16-row m-tiles per warp;
+// MIN_BLOCKS: blocks per SM the compiler must leave registers for (65536 / (32 NWARPS MIN_BLOCKS) each).
 // ---------------------------------------------------------------------------------------------------------
-template <int D, int BC, int NWARPS, int MT, bool BF16>
-__global__ void __launch_bounds__(NWARPS * WARP_SIZE)
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
 flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
                    u16* __restrict__ o, float* __restrict__ lse, int Tq, int Tk, int d, float scale_log2,
                    int causal, int head_major) {

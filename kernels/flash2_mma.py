@@ -26,18 +26,33 @@ ALIGN = 16  # bytes: cp.async and the 4-byte output stores need 16-byte aligned 
 MAX_GRID_X = 2**31 - 1
 LOG2E = 1.0 / math.log(2.0)
 DTYPES = ("float16", "bfloat16")
+CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shared memory (a hint to the driver)
 
-# (BC, NWARPS, MT) per D: BC keys per tile, NWARPS warps of MT 16-row m-tiles each (BR = 16 * MT * NWARPS).
+# (BC, NWARPS, MT, MIN_BLOCKS) per D: BC keys per tile, NWARPS warps of MT 16-row m-tiles each
+# (BR = 16 * MT * NWARPS), and the blocks per SM the compiler must leave registers for (__launch_bounds__).
+# Swept on an H100 at B=4, H=32, T=4096 (fp16): at D=64, (64, 4, 2, 3) caps the registers at 168 so that three
+# blocks (12 warps) share an SM, and beats (128, 4, 2) at 255 registers and 8 warps; at D=128 every tile that
+# fits three blocks spills, and (64, 4, 2) at 255 registers is the fastest.
 TILES = {
-    32: (64, 4, 2),
-    64: (128, 4, 2),
-    96: (64, 4, 2),
-    128: (64, 4, 2),
+    32: (64, 4, 2, 1),
+    64: (64, 4, 2, 3),
+    96: (64, 4, 2, 1),
+    128: (64, 4, 2, 1),
 }
 
 
+def normalize_tile(tile) -> tuple:
+    """(BC, NWARPS, MT) or (BC, NWARPS, MT, MIN_BLOCKS) -> the 4-tuple (MIN_BLOCKS defaults to 1)."""
+    tile = tuple(int(x) for x in tile)
+    if len(tile) == 3:
+        tile += (1,)
+    if len(tile) != 4:
+        raise ValueError(f"tile must be (BC, NWARPS, MT) or (BC, NWARPS, MT, MIN_BLOCKS); got {tile}")
+    return tile
+
+
 def block_rows(tile) -> int:
-    BC, NWARPS, MT = tile
+    BC, NWARPS, MT = tile[:3]
     return 16 * MT * NWARPS
 
 
@@ -49,7 +64,7 @@ def smem_bytes(D: int, tile) -> int:
 
 def check_tile(D: int, tile) -> None:
     """The static_asserts of flash2_mma_forward, as a ValueError before compiling."""
-    BC, NWARPS, MT = tile
+    BC, NWARPS, MT, MIN_BLOCKS = normalize_tile(tile)
     problems = []
     if D not in HEAD_DIMS:
         problems.append(f"D={D} is not one of {HEAD_DIMS}")
@@ -57,8 +72,10 @@ def check_tile(D: int, tile) -> None:
         problems.append(f"BC={BC} must be a positive multiple of 16")
     if MT < 1 or NWARPS < 1 or 32 * NWARPS > 1024:
         problems.append(f"NWARPS={NWARPS} and MT={MT} must be >= 1, with at most 32 warps")
+    if MIN_BLOCKS < 1:
+        problems.append(f"MIN_BLOCKS={MIN_BLOCKS} must be >= 1")
     if problems:
-        raise ValueError(f"tile (BC, NWARPS, MT) = {tuple(tile)} for D={D}: " + "; ".join(problems))
+        raise ValueError(f"tile (BC, NWARPS, MT, MIN_BLOCKS) = {tuple(tile)} for D={D}: " + "; ".join(problems))
 
 
 def build_for(d: int) -> int:
@@ -66,8 +83,8 @@ def build_for(d: int) -> int:
 
 
 def name_expression(D: int, tile, dtype: str) -> str:
-    BC, NWARPS, MT = tile
-    return f"{KERNEL_NAME}<{D}, {BC}, {NWARPS}, {MT}, {'true' if dtype == 'bfloat16' else 'false'}>"
+    BC, NWARPS, MT, MIN_BLOCKS = normalize_tile(tile)
+    return f"{KERNEL_NAME}<{D}, {BC}, {NWARPS}, {MT}, {MIN_BLOCKS}, {'true' if dtype == 'bfloat16' else 'false'}>"
 
 
 # What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses.
@@ -82,6 +99,8 @@ def _kernel(D: int, tile, dtype: str):
     key = (cp.cuda.Device().id, expr)
     if key not in _CONFIGURED:
         set_dynamic_shared_memory(kernel, smem_bytes(D, tile), f"flash2_mma (D={D}, tile={tuple(tile)})")
+        # Ask for the largest shared-memory carveout, so that as many blocks fit on an SM as registers allow.
+        kernel.preferred_shared_memory_carveout = CARVEOUT_MAX_SHARED
         _CONFIGURED.add(key)
     return kernel
 
@@ -89,7 +108,7 @@ def _kernel(D: int, tile, dtype: str):
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=True):
     """softmax(scale q k^T) v on tensor cores (mma.sync.m16n8k16), FlashAttention-2 loop; optionally the LSE.
 
-    tile: optional (BC, NWARPS, MT) to override TILES[D] (for the sweep in notebook 06).
+    tile: optional (BC, NWARPS, MT[, MIN_BLOCKS]) to override TILES[D] (for the sweep in notebook 06).
     head_major: False orders the grid with heads fastest instead (to measure what the order is worth).
     """
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPES, max_d=MAX_D, d_multiple=D_MULTIPLE,
@@ -103,7 +122,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, h
         raise ValueError(f"scale must be > 0 for flash2_mma (the kernel folds it into exp2 after the row max); "
                          f"got {scale}")
     D = build_for(d)
-    tile = tuple(int(x) for x in (tile or TILES[D]))
+    tile = normalize_tile(tile or TILES[D])
     check_tile(D, tile)
     blocks = B * H * ceil_div(Tq, block_rows(tile))
     if blocks > MAX_GRID_X:
