@@ -1,0 +1,75 @@
+"""Profile flash2_mma next to SDPA's flash kernel (FlashAttention-2) with Nsight Compute; a plain script, not a test.
+
+    python3 tests/profile_flash2_mma.py > results/h100-ncu.txt
+
+fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
+duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
+printed. Notebook 06 shows the table recorded on the H100 (results/h100-ncu.txt). Needs `ncu` on the PATH.
+"""
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STALLS = ["wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle", "mio_throttle",
+          "not_selected", "dispatch_stall", "no_instruction", "lg_throttle"]
+METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "launch__registers_per_thread": "registers/thread",
+    "sm__warps_active.avg.per_cycle_active": "active warps/SM",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active %",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue slots busy %",
+    "smsp__inst_executed.sum": "instructions executed",
+    **{f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s} (cycles/issue)" for s in STALLS},
+}
+KERNELS = "regex:flash2_mma_forward|flash_fwd_kernel"
+
+
+def launch():
+    """The profiled process: each kernel once per d (SDPA's backend is tried, then run: keep its first launch)."""
+    sys.path.insert(0, str(ROOT))
+    import cupy as cp
+
+    import reference as R
+    from kernels import flash2_mma as M
+    from kernels.bench import sdpa_peer
+
+    for d in (64, 128):
+        q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
+        M.forward(q, k, v, causal=False)
+        sdpa_peer("sdpa_flash", q, k, v, False)  # launches the flash kernel once, to check that it runs
+    cp.cuda.Device().synchronize()
+
+
+def main():
+    cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
+           sys.executable, __file__, "--launch"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = list(csv.reader(io.StringIO(out[out.index('"ID"'):])))
+    head, units = rows[0], rows[1]
+    data = [r for r in rows[2:] if r and r[0].isdigit()]
+    names = [("flash2_mma" if "flash2_mma" in r[head.index("Kernel Name")] else "SDPA flash") for r in data]
+    names = [f"{n} d={d}" for n, d in zip(names, (64, 64, 128, 128))]
+    print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one launch of each kernel; command:")
+    print(f"  ncu --csv --page raw -k '{KERNELS}' --metrics <the metrics below> python3 tests/profile_flash2_mma.py --launch")
+    print(f"{'metric':46s}" + "".join(f"{n:>18s}" for n in names))
+    for key, label in METRICS.items():
+        i = head.index(key)
+        unit = units[i].strip()
+        label = f"{label} [{unit}]" if unit and unit != "%" else label
+        cells = []
+        for r in data:
+            try:
+                x = float(r[i].replace(",", ""))
+                cells.append(f"{x:18.4g}")
+            except ValueError:
+                cells.append(f"{r[i]:>18s}")
+        print(f"{label:46s}" + "".join(cells))
+    print("kernels: " + "; ".join(r[head.index("Kernel Name")][:60] for r in data))
+
+
+if __name__ == "__main__":
+    launch() if "--launch" in sys.argv else main()
