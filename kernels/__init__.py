@@ -10,6 +10,8 @@ from ._core import (
     GPUNotAvailableError,
     UnsupportedDeviceError,
     device_compute_capability,
+    device_info,
+    get_kernel,
     gpu_name,
     gpu_unavailable_reason,
     kernel_source,
@@ -17,19 +19,21 @@ from ._core import (
 )
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
 from .registry import REGISTRY, Variant, register
-from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table
+from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table, host_overhead_us
 
-# Launcher modules register their attention variants on import.
+# Every launcher module: importing one registers its attention variants. tests/test_project.py fails when a
+# kernels/<name>.cu has no launcher imported here, or a launcher with a forward() registers nothing.
 from . import naive, softmax  # noqa: E402,F401
 from . import cublas_attention, flash1, flash2  # noqa: E402,F401
 from . import cublas_half  # noqa: E402,F401
 from . import flash2_mma  # noqa: E402,F401
 from . import flash2_wmma  # noqa: E402,F401
+from . import timing  # noqa: E402,F401  (timing.cu: the hold and L2-flush kernels of the timing helper)
 
 __all__ = [
     "REGISTRY", "Variant", "register",
     "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
-    "benchmark", "Timing", "attention_flops", "attention_bytes", "format_table",
-    "kernel_source", "load_module", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
-    "GPUNotAvailableError", "UnsupportedDeviceError",
+    "benchmark", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
+    "kernel_source", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
+    "device_info", "GPUNotAvailableError", "UnsupportedDeviceError",
 ]

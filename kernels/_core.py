@@ -1,16 +1,30 @@
-"""What every launcher shares: compiling a .cu file once, checking the device, validating inputs.
+"""What every launcher shares: finding the GPU, compiling a .cu file once, launching, validating inputs.
 
 This module imports without CuPy (so that CPU-only machines can import the launchers, read their
-constants and run the compile tests); anything that touches a GPU calls `require_gpu()` first.
+constants and run the compile tests); anything that touches a GPU goes through `current_device()` or
+`require_gpu()` first, which raise GPUNotAvailableError with the reason.
+
+The launch path is kept thin on purpose: a launcher's Python call should cost a few microseconds, not
+tens, so that short kernels (decoding, small batches) are not dominated by Python. Everything that can be
+looked up once is looked up once:
+
+    device facts (name, compute capability, shared-memory limit, L2 size)   once per device: device_info()
+    compiling a .cu file                                                     once per process: load_module()
+    kernel handle, shared-memory opt-in, carveout                            once per device: Kernel
+    a call                                                                   dtype/shape/stride checks on the
+                                                                             arrays, no device query, no sync
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import os
-import shutil
 import re
+import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 try:  # CuPy is only needed on a machine with a GPU.
@@ -23,6 +37,8 @@ try:  # registers NumPy's "bfloat16" dtype, which CuPy's bfloat16 arrays use (Cu
 except ImportError:  # pragma: no cover - float16/float32 work without it
     ml_dtypes = None
 
+import numpy as np
+
 KERNEL_DIR = Path(__file__).resolve().parent
 
 # The one place where NVRTC options live. No fast-math: the float32 kernels are held to 1e-5.
@@ -30,6 +46,11 @@ NVRTC_OPTIONS = ("--std=c++17",)
 
 # Every kernel of the course needs at least Ampere (sm_80): cp.async, bf16 and mma.m16n8k16.
 DEFAULT_MIN_CC = (8, 0)
+
+DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
+MAX_GRID_X = 2**31 - 1  # the launch limits of every CUDA GPU since compute capability 3.0
+MAX_GRID_YZ = 65535
+INT32_MAX = 2**31 - 1
 
 
 class GPUNotAvailableError(RuntimeError):
@@ -40,65 +61,124 @@ class UnsupportedDeviceError(RuntimeError):
     """Raised when the current GPU is older than a kernel's minimum compute capability."""
 
 
+# ---------------------------------------------------------------------------------------------
+# Is there a GPU? Which one? (asked once per process / per device)
+# ---------------------------------------------------------------------------------------------
+
+def _driver_library_loads() -> bool:
+    """True where the NVIDIA driver's user-space library (libcuda) can be loaded."""
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+_GPU_OK = False  # set once a GPU has been found; a GPU does not disappear while a process runs
+
+
 def gpu_unavailable_reason() -> str | None:
     """None where a CUDA GPU can be used through CuPy, otherwise a sentence saying why not."""
+    global _GPU_OK
+    if _GPU_OK:
+        return None
     if cp is None:
         return "CuPy is not installed (pip install cupy-cuda13x, or cupy-cuda12x for a CUDA 12 driver)"
+    if not _driver_library_loads():
+        return "no NVIDIA driver / no GPU (the driver library libcuda cannot be loaded on this machine)"
     try:
         n = cp.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no driver, no device node, ...
-        return f"no CUDA GPU found ({type(e).__name__}: {e})"
+    except Exception as e:  # a driver without a device, a driver older than CuPy's CUDA, ...
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
     if n == 0:
-        return "no CUDA GPU found (the CUDA runtime reports 0 devices)"
+        return "no NVIDIA GPU (the driver reports 0 devices)"
+    _GPU_OK = True
     return None
 
 
 def require_gpu() -> None:
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        raise GPUNotAvailableError(reason)
+    if not _GPU_OK:
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            raise GPUNotAvailableError(reason)
+
+
+def current_device() -> int:
+    """The id of the current CUDA device (one cudaGetDevice call once a GPU has been found)."""
+    if not _GPU_OK:
+        require_gpu()
+    return cp.cuda.runtime.getDevice()
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the launchers need to know about one GPU, read once."""
+    id: int
+    name: str
+    cc: tuple  # (major, minor)
+    sm_count: int
+    smem_optin: int  # bytes of shared memory one block may use after opting in (227 KB on an H100)
+    l2_bytes: int
+
+
+_DEVICE_INFO: dict[int, DeviceInfo] = {}
+
+
+def device_info(dev: int | None = None) -> DeviceInfo:
+    """The DeviceInfo of device `dev` (default: the current one), read from the driver on first use."""
+    if dev is None:
+        dev = current_device()
+    info = _DEVICE_INFO.get(dev)
+    if info is None:
+        d = cp.cuda.Device(dev)
+        attrs = d.attributes
+        props = cp.cuda.runtime.getDeviceProperties(dev)
+        name = props["name"]
+        cc = d.compute_capability  # e.g. "90"
+        info = DeviceInfo(id=dev, name=name.decode() if isinstance(name, bytes) else str(name),
+                          cc=(int(cc[:-1]), int(cc[-1])), sm_count=int(attrs["MultiProcessorCount"]),
+                          smem_optin=int(attrs["MaxSharedMemoryPerBlockOptin"]), l2_bytes=int(attrs["L2CacheSize"]))
+        _DEVICE_INFO[dev] = info
+    return info
 
 
 def device_compute_capability() -> tuple[int, int]:
     """(major, minor) of the current device."""
-    require_gpu()
-    cc = cp.cuda.Device().compute_capability  # e.g. "90"
-    return int(cc[:-1]), int(cc[-1])
+    return device_info().cc
 
 
 def gpu_name() -> str:
-    require_gpu()
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    name = props["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def check_compute_capability(min_cc: tuple[int, int], what: str) -> None:
-    """Raise UnsupportedDeviceError naming `what`, the device's capability and the minimum."""
-    have = device_compute_capability()
-    if have < tuple(min_cc):
-        raise UnsupportedDeviceError(
-            f"{what} needs a GPU of compute capability >= {min_cc[0]}.{min_cc[1]}; "
-            f"this GPU ({gpu_name()}) has {have[0]}.{have[1]}"
-        )
+    return device_info().name
 
 
 def max_shared_memory_optin() -> int:
     """Bytes of shared memory one block may use once it opts in (227 KB on an H100)."""
-    require_gpu()
-    return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    return device_info().smem_optin
 
 
-def set_dynamic_shared_memory(kernel, nbytes: int, what: str) -> None:
-    """Allow `kernel` to launch with `nbytes` of dynamic shared memory, or raise naming the limit."""
-    limit = max_shared_memory_optin()
-    if nbytes > limit:
-        raise ValueError(
-            f"{what} needs {nbytes} bytes of shared memory per block; this GPU allows at most {limit}"
+def check_compute_capability(min_cc: tuple[int, int], what: str, dev: int | None = None) -> None:
+    """Raise UnsupportedDeviceError naming `what`, the device's capability and the minimum."""
+    info = device_info(dev)
+    if info.cc < tuple(min_cc):
+        raise UnsupportedDeviceError(
+            f"{what} needs a GPU of compute capability >= {min_cc[0]}.{min_cc[1]}; "
+            f"this GPU ({info.name}) has {info.cc[0]}.{info.cc[1]}"
         )
-    if nbytes > 48 * 1024:  # above the default limit a kernel must ask explicitly
-        kernel.max_dynamic_shared_size_bytes = nbytes
 
+
+def check_shared_memory(nbytes: int, what: str, dev: int | None = None) -> None:
+    """Raise ValueError when `nbytes` of shared memory per block is more than this GPU allows."""
+    limit = max_shared_memory_optin() if dev is None else device_info(dev).smem_optin
+    if nbytes > limit:
+        raise ValueError(f"{what} needs {nbytes} bytes of shared memory per block; this GPU allows at most {limit}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling and launching
+# ---------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def cuda_header_options() -> tuple[str, ...]:
@@ -140,11 +220,16 @@ def kernel_path(filename: str) -> Path:
     return path
 
 
+def defines_from(**constants) -> tuple[str, ...]:
+    """("-DNAME=VALUE", ...): how a launcher hands the sizes it relies on to its .cu file (one source of truth)."""
+    return tuple(f"-D{name}={int(value)}" for name, value in constants.items())
+
+
 @functools.lru_cache(maxsize=None)
 def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
     """Compile kernels/<filename> with NVRTC through CuPy, once per process, and return the RawModule.
 
-    `defines` are extra "-DNAME=VALUE" options; `name_expressions` list template instantiations
+    `defines` are extra "-DNAME=VALUE" (or -I) options; `name_expressions` list template instantiations
     (for example "flash_fwd<64>") that the caller will fetch with module.get_function.
     """
     require_gpu()
@@ -155,14 +240,80 @@ def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: 
     return module
 
 
-def get_kernel(filename: str, name: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
-    return load_module(filename, name_expressions, defines).get_function(name)
+class Kernel:
+    """One kernel of a kernels/*.cu file, ready to launch.
+
+        kern = get_kernel("flash2.cu", "flash2_forward<64, 64, 64, 4, 8>", name_expressions=(...),
+                          shared_mem=70_000, carveout=100)
+        kern(grid, block, args, shared_mem=nbytes)
+
+    The file is compiled once per process (load_module). On each device the kernel is configured once,
+    the first time it is launched there: a kernel that needs more than 48 KB of dynamic shared memory
+    opts in up to `shared_mem` (after checking it against the device's limit), and `carveout` (percent of
+    the SM's L1/shared storage given to shared memory) is set. A launch after that costs a dictionary look-up
+    and CuPy's own argument packing.
+    """
+
+    __slots__ = ("filename", "name", "name_expressions", "defines", "shared_mem", "carveout", "_fn", "_raw")
+
+    def __init__(self, filename: str, name: str, *, name_expressions: tuple = (), defines: tuple = (),
+                 shared_mem: int = 0, carveout: int | None = None):
+        self.filename, self.name = filename, name
+        self.name_expressions, self.defines = tuple(name_expressions), tuple(defines)
+        self.shared_mem, self.carveout = int(shared_mem), carveout
+        self._fn: dict = {}  # device id -> cupy.cuda.Function
+        self._raw: dict = {}  # device id -> cupy.RawKernel (its attributes: num_regs, ...)
+
+    def _configure(self, dev: int):
+        raw = load_module(self.filename, self.name_expressions, self.defines).get_function(self.name)
+        what = f"{self.filename}:{self.name}"
+        check_shared_memory(self.shared_mem, what, dev)
+        if self.shared_mem > DEFAULT_SHARED_LIMIT:  # above the default limit a kernel must ask explicitly
+            raw.max_dynamic_shared_size_bytes = self.shared_mem
+        if self.carveout is not None:
+            raw.preferred_shared_memory_carveout = int(self.carveout)
+        self._raw[dev] = raw
+        fn = self._fn[dev] = raw.kernel
+        return fn
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        dev = cp.cuda.runtime.getDevice()
+        fn = self._fn.get(dev) or self._configure(dev)
+        fn(grid, block, args, shared_mem)
+
+    @property
+    def raw(self):
+        """The cupy.RawKernel on the current device: .num_regs, .local_size_bytes, .attributes, ..."""
+        dev = current_device()
+        if dev not in self._raw:
+            self._configure(dev)
+        return self._raw[dev]
+
+    @property
+    def num_regs(self) -> int:
+        return self.raw.num_regs
+
+    @property
+    def local_size_bytes(self) -> int:
+        return self.raw.local_size_bytes
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.filename}:{self.name}, shared_mem={self.shared_mem}, carveout={self.carveout})"
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(filename: str, name: str, *, name_expressions: tuple = (), defines: tuple = (),
+               shared_mem: int = 0, carveout: int | None = None) -> Kernel:
+    """The Kernel `name` of kernels/<filename> (one object per build; see Kernel)."""
+    return Kernel(filename, name, name_expressions=name_expressions, defines=defines, shared_mem=shared_mem,
+                  carveout=carveout)
 
 
 def kernel_source(filename: str, name: str | None = None) -> str:
     """The text of kernels/<filename>, or of one function in it (from its signature to its closing brace).
 
-    Notebooks show kernels through this, so the code a learner reads is the code that runs.
+    Notebooks show kernels through this, so the code a learner reads is the code that runs. The comment
+    block right above the function comes with it.
     """
     text = kernel_path(filename).read_text()
     if name is None:
@@ -171,10 +322,9 @@ def kernel_source(filename: str, name: str | None = None) -> str:
     if m is None:
         raise ValueError(f"no function {name!r} in {filename}")
     start = m.start()
-    # Include the comment block immediately above the function, if any.
     before = text[:start].rstrip("\n").split("\n")
     lead = []
-    while before and before[-1].lstrip().startswith(("//", "template", "extern", "__global__")):
+    while before and before[-1].lstrip().startswith(("//", "template", "extern", "__global__", "__device__")):
         lead.insert(0, before.pop())
     brace = text.index("{", m.end())
     depth, i = 0, brace
@@ -193,30 +343,45 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def check_grid(blocks: int, what: str, limit: int = MAX_GRID_X, axis: str = "x") -> int:
+    """`blocks`, or a ValueError naming the launch's grid limit along `axis`."""
+    if blocks > limit:
+        raise ValueError(f"{what} needs {blocks} blocks along grid {axis}; the grid allows at most {limit}")
+    return blocks
+
+
+def check_alignment(what: str, align: int, **arrays) -> None:
+    """Every array's base address must be a multiple of `align` bytes (vector loads, cp.async)."""
+    for name, x in arrays.items():
+        if x.data.ptr % align:
+            raise ValueError(f"{name} starts at address {x.data.ptr:#x}, which is not {align}-byte aligned; "
+                             f"{what} reads {align}-byte vectors (pass a fresh array: cupy.array({name}))")
+
+
 # ---------------------------------------------------------------------------------------------
-# Input validation for the launcher contract (see GUIDE.md).
+# Input validation for the launcher contract (CONTRIBUTING.md, "The launcher contract").
 # ---------------------------------------------------------------------------------------------
 
-INT32_MAX = 2**31 - 1
+@functools.lru_cache(maxsize=None)
+def _dtypes(names: tuple) -> frozenset:
+    return frozenset(np.dtype(n) for n in names)
 
 
-def _dtype_name(dt) -> str:
-    import numpy as np
-
-    return np.dtype(dt).name
+def _dtype_list(names: tuple) -> str:
+    return ", ".join(np.dtype(n).name for n in names)
 
 
-def check_array(x, name: str, *, dtypes, ndim: int | None = None) -> None:
-    """x must be a C-contiguous CuPy array of one of `dtypes` on the current device."""
-    require_gpu()
+def check_array(x, name: str, *, dtypes, ndim: int | None = None, dev: int | None = None) -> None:
+    """x must be a C-contiguous CuPy array of one of `dtypes` (names) on the current device."""
+    if dev is None:
+        dev = current_device()
     if not isinstance(x, cp.ndarray):
         raise TypeError(
             f"{name} must be a cupy.ndarray on the GPU; got {type(x).__module__}.{type(x).__name__} "
             f"(move it with cupy.asarray({name}))"
         )
-    allowed = [_dtype_name(d) for d in dtypes]
-    if x.dtype.name not in allowed:
-        raise TypeError(f"{name} has dtype {x.dtype.name}; this kernel takes {', '.join(allowed)}")
+    if x.dtype not in _dtypes(tuple(dtypes)):
+        raise TypeError(f"{name} has dtype {x.dtype.name}; this kernel takes {_dtype_list(tuple(dtypes))}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D; got shape {x.shape}")
     if not x.flags.c_contiguous:
@@ -224,41 +389,62 @@ def check_array(x, name: str, *, dtypes, ndim: int | None = None) -> None:
             f"{name} must be C-contiguous; got a strided view with shape {x.shape} and strides "
             f"{x.strides} (use cupy.ascontiguousarray({name}))"
         )
-    if x.device.id != cp.cuda.Device().id:
-        raise ValueError(f"{name} is on device {x.device.id}, but the current device is {cp.cuda.Device().id}")
+    if x.data.device_id != dev:
+        raise ValueError(f"{name} is on device {x.data.device_id}, but the current device is {dev}")
 
 
 def validate_attention(q, k, v, *, dtypes, max_d: int, min_cc=DEFAULT_MIN_CC, what: str,
-                       d_multiple: int = 1, scale=None):
+                       d_multiple: int = 1, scale=None, align: int = 0):
     """Validate q, k, v for an attention launcher; return (B, H, Tq, Tk, d, scale).
 
     Raises TypeError / ValueError naming the argument, its value and the limit, and
-    UnsupportedDeviceError when the GPU is too old for the kernel.
+    UnsupportedDeviceError when the GPU is too old for the kernel. `align` > 0 also requires each base
+    address to be a multiple of `align` bytes.
     """
+    dev = current_device()
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_array(x, name, dtypes=dtypes, ndim=4)
+        check_array(x, name, dtypes=dtypes, ndim=4, dev=dev)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {k.shape} and v {v.shape}")
     B, H, Tq, d = q.shape
-    if k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
+    kB, kH, Tk, kd = k.shape
+    if kB != B or kH != H or kd != d:
         raise ValueError(f"q {q.shape} and k {k.shape} must agree on B, H and d")
-    Tk = k.shape[2]
     if min(B, H, Tq, Tk, d) < 1:
         raise ValueError(f"every dimension must be >= 1; got q {q.shape}, k {k.shape}")
     if d > max_d:
         raise ValueError(f"head dimension d={d} is larger than {what} supports (d <= {max_d})")
     if d % d_multiple:
         raise ValueError(f"head dimension d={d} must be a multiple of {d_multiple} for {what}")
-    for name, x in (("q", q), ("k", k)):
-        if x.size > INT32_MAX:
-            raise ValueError(f"{name} has {x.size} elements; {what} indexes with 32-bit integers (<= {INT32_MAX})")
+    if q.size > INT32_MAX or k.size > INT32_MAX:
+        name = "q" if q.size > INT32_MAX else "k"
+        raise ValueError(f"{name} has {max(q.size, k.size)} elements; {what} indexes with 32-bit integers "
+                         f"(<= {INT32_MAX})")
+    if align:
+        check_alignment(what, align, q=q, k=k, v=v)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     else:
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale must be a finite number; got {scale}")
-    check_compute_capability(min_cc, what)
+    info = _DEVICE_INFO.get(dev) or device_info(dev)
+    if info.cc < min_cc:
+        check_compute_capability(min_cc, what, dev)
     return B, H, Tq, Tk, d, scale
+
+
+def check_index_range(x, name: str, lo: int, hi: int) -> None:
+    """Raise ValueError unless every entry of the integer CuPy array x lies in [lo, hi].
+
+    This reads two numbers back from the GPU, so it waits for the GPU (a synchronisation): launchers make it
+    an opt-in check (check_lengths=True) and clamp indices inside the kernel, so that a bad value can never
+    make a kernel read or write out of bounds even when the check is off.
+    """
+    if x.size == 0:
+        return
+    lo_hi = cp.stack((x.min(), x.max())).get()  # one device -> host copy
+    if int(lo_hi[0]) < lo or int(lo_hi[1]) > hi:
+        raise ValueError(f"{name} must lie in [{lo}, {hi}]; got values in [{int(lo_hi[0])}, {int(lo_hi[1])}]")

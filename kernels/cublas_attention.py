@@ -331,6 +331,7 @@ def fused_qkv_projection(x, wq, wk, wv, *, tf32=False):
 
 register(Variant(
     name="cublas_fp32",
+    module=__name__,
     forward=forward,
     dtypes=("float32",),
     notebook="05_cublas_attention",
@@ -341,6 +342,7 @@ register(Variant(
 
 register(Variant(
     name="cublas_tf32",
+    module=__name__,
     forward=forward_tf32,
     dtypes=("float32",),
     notebook="05_cublas_attention",

@@ -324,7 +324,9 @@ __global__ void unpermute(Out* __restrict__ out, const In* __restrict__ o, int B
 }
 
 // ---- the builds the launcher uses (kernels/cublas_half.py: NAME_EXPRESSIONS) ----------------------------
-// Instantiated here too, so that `nvcc -c cublas_half.cu` compiles (and reports registers for) every kernel.
+// Instantiated here too, so that `nvcc -c cublas_half.cu` compiles (and reports registers for) every kernel;
+// NVRTC instantiates them by name instead.
+#ifndef __CUDACC_RTC__
 template __global__ void softmax_to_half<Float16>(Float16*, const float*, long long, int, int, float, int, int);
 template __global__ void softmax_to_half<BFloat16>(BFloat16*, const float*, long long, int, int, float, int, int);
 
@@ -349,3 +351,4 @@ INSTANTIATE_UNPERMUTE(Float16, float, 1)
 INSTANTIATE_UNPERMUTE(Float16, float, 8)
 INSTANTIATE_UNPERMUTE(BFloat16, float, 1)
 INSTANTIATE_UNPERMUTE(BFloat16, float, 8)
+#endif

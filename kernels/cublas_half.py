@@ -4,7 +4,7 @@
     out = attention_forward_v5(inp, NH)            # llm.c's packed (B, T, 3C): permute, attention, unpermute
     o = attention_forward_v6(q, k, v)              # llm.c v6: v5 without the permutes (q, k, v already split)
     p = softmax_half(s, scale=0.125, causal=True, dtype="float16")   # float32 scores -> 16-bit probabilities
-    rows = matmul_vs_gemmex_demo()                 # cupy.matmul on batched float16 vs cublasGemmStridedBatchedEx
+    c = batched_matmul(a, b)                       # (batch, M, K) @ (batch, K, N) through cublasGemmStridedBatchedEx
 
 The same three steps as kernels/cublas_attention.py (llm.c v4), with 16-bit storage:
 
@@ -34,7 +34,7 @@ moves the (B, H, T, T) matrices through memory at 2.3-2.5 TB/s, and the GEMMs re
 The cupy.matmul trap. For batched float16 operands cupy.matmul does not reach tensor-core speed (measured
 on an H100 for the 96 products of the shape above: 13-15 TFLOP/s, against 80-90 TFLOP/s for the same
 products through gemmStridedBatchedEx timed call by call, about 145-150 TFLOP/s of GPU time), and CuPy 14.2
-refuses bfloat16 matmul altogether ("data type 'E' not understood"). `matmul_vs_gemmex_demo` repeats the
+refuses bfloat16 matmul altogether ("data type 'E' not understood"). kernels.bench.matmul_vs_gemmex repeats the
 measurement. The GEMMs here therefore call cuBLAS directly.
 
 llm.c v6. llm.c's dev/cuda/attention_forward.cu runs v6 as v5 with the permute and unpermute kernels skipped
@@ -245,7 +245,7 @@ def attention_forward_v6(q, k, v):
 
 
 # ---------------------------------------------------------------------------------------------
-# The cupy.matmul trap
+# A batched 16-bit GEMM (kernels.bench.matmul_vs_gemmex compares it with cupy.matmul)
 # ---------------------------------------------------------------------------------------------
 
 def batched_matmul(a, b):
@@ -267,45 +267,9 @@ def batched_matmul(a, b):
     return c
 
 
-def matmul_vs_gemmex_demo(batch=96, shapes=((1024, 64, 1024), (1024, 1024, 64)), dtype="float16",
-                          runs=20, seed=0):
-    """Time cupy.matmul against batched_matmul (gemmStridedBatchedEx) on the same 16-bit products.
-
-    shapes lists (M, K, N): by default S = Q K^T and O = P V of one attention layer at T = 1024, d = 64,
-    B * H = 96 (llm.c's GPT-2 shape). Returns one dict per (shape, path) with ms, TFLOP/s, the relative
-    L2 difference between the two paths' results, and a note where cupy.matmul refuses the dtype.
-    """
-    from .timing import benchmark
-
-    dtype = _half_dtype(dtype)
-    rng = np.random.default_rng(seed)
-    rows = []
-    for M, K, N in shapes:
-        a = cp.asarray(rng.standard_normal((batch, M, K)).astype(np.float32)).astype(dtype)
-        b = cp.asarray(rng.standard_normal((batch, K, N)).astype(np.float32)).astype(dtype)
-        product = f"{batch} x ({M}x{K}) @ ({K}x{N})"
-        flops = 2.0 * batch * M * N * K
-        ref = batched_matmul(a, b).astype(cp.float32)
-        try:
-            got = cp.matmul(a, b).astype(cp.float32)
-        except Exception as e:  # CuPy 14.2 has no bfloat16 matmul ("data type 'E' not understood")
-            rows.append({"product": product, "dtype": dtype, "path": "cupy.matmul", "ms": float("nan"),
-                         "TFLOP/s": float("nan"), "rel diff": float("nan"), "note": f"{type(e).__name__}: {e}"})
-            paths = (("cublasGemmStridedBatchedEx", lambda: batched_matmul(a, b)),)
-            diff = float("nan")
-        else:
-            diff = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
-            paths = (("cupy.matmul", lambda: cp.matmul(a, b)),
-                     ("cublasGemmStridedBatchedEx", lambda: batched_matmul(a, b)))
-        for path, fn in paths:
-            t = benchmark(fn, runs=runs)
-            rows.append({"product": product, "dtype": dtype, "path": path, "ms": t.ms, "TFLOP/s": t.tflops(flops),
-                         "rel diff": diff, "note": ""})
-    return rows
-
-
 register(Variant(
     name="cublas_fp16",
+    module=__name__,
     forward=forward,
     dtypes=("float16",),
     notebook="06_fp16_tensor_cores",
@@ -315,6 +279,7 @@ register(Variant(
 
 register(Variant(
     name="cublas_bf16",
+    module=__name__,
     forward=forward,
     dtypes=("bfloat16",),
     notebook="06_fp16_tensor_cores",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import ceil_div, cp, get_kernel, set_dynamic_shared_memory, validate_attention
+from ._core import MAX_GRID_X, ceil_div, check_grid, cp, get_kernel, validate_attention
 from .registry import Variant, register
 
 KERNEL_FILE = "flash1.cu"
@@ -19,6 +19,7 @@ KERNEL_NAME = "flash1_forward"
 BR = 32  # = BR in flash1.cu: query rows per Q tile = threads per block
 BC = 32  # = BC in flash1.cu: keys per K/V tile
 MAX_D = 128  # = MAX_D in flash1.cu
+WHAT = "flash1 attention"
 
 NVRTC_BUILDS = [((), ())]  # one build: extern "C", no defines
 
@@ -62,23 +63,23 @@ def hbm_traffic_bytes(B: int, H: int, Tq: int, Tk: int, d: int, causal: bool = F
     }
 
 
+def kernel():
+    """The kernel, allowed the shared memory of the largest d (so one opt-in serves every d)."""
+    return get_kernel(KERNEL_FILE, KERNEL_NAME, shared_mem=smem_bytes(MAX_D))
+
+
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False):
     """softmax(scale q k^T) v in the FlashAttention-1 loop order; optionally also the LSE."""
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D,
-                                                what="flash1 attention", scale=scale)
-    if B * H > 2**31 - 1:
-        raise ValueError(f"B*H={B * H} exceeds the grid's x limit (2^31 - 1)")
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, what=WHAT, scale=scale)
+    check_grid(B * H, WHAT, MAX_GRID_X)
     o = cp.empty((B, H, Tq, d), dtype=cp.float32)
     l_hbm = cp.empty((B, H, Tq), dtype=cp.float32)  # initialised by the kernel
     m_hbm = cp.empty((B, H, Tq), dtype=cp.float32)
     lse = cp.empty((B, H, Tq), dtype=cp.float32)
-    kernel = get_kernel(KERNEL_FILE, KERNEL_NAME)
-    nbytes = smem_bytes(d)
-    set_dynamic_shared_memory(kernel, nbytes, f"flash1 (d={d})")
-    kernel((B * H,), (BR,),
-           (q, k, v, o, l_hbm, m_hbm, lse, np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale),
-            np.int32(bool(causal))),
-           shared_mem=nbytes)
+    kernel()((B * H,), (BR,),
+             (q, k, v, o, l_hbm, m_hbm, lse, np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale),
+              np.int32(bool(causal))),
+             smem_bytes(d))
     return (o, lse) if return_lse else o
 
 
@@ -89,5 +90,6 @@ register(Variant(
     notebook="03_flash_attention_1",
     max_d=MAX_D,
     has_lse=True,
+    module=__name__,
     description="FlashAttention-1 loop order: K/V tiles outer, O/l/m round trip through HBM per tile (llm.c v2 made right)",
 ))

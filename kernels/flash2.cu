@@ -86,8 +86,13 @@
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Floats added to each Q/K/V row in shared memory (16 bytes: keeps float4 alignment). The launcher passes
+// -DSMEM_PAD from its own constant, so its shared-memory size and this layout come from one number.
+#ifndef SMEM_PAD
+#define SMEM_PAD 4
+#endif
+
 constexpr int WARP_SIZE = 32;
-constexpr int SMEM_PAD = 4;  // floats added to each Q/K/V row in shared memory (16 bytes: keeps float4 alignment)
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr float LN2 = 0.693147180559945309f;
 
@@ -114,7 +119,7 @@ struct Flash2Tile {
 };
 
 // ---- cp.async (sm_80+): 16-byte global -> shared copies that do not pass through registers -------------
-__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
+__device__ __forceinline__ void cp_async_16(float* smem_dst, const float* gmem_src) {
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
@@ -144,7 +149,7 @@ __device__ __forceinline__ void load_tile(float* __restrict__ dst, const float* 
             const int c = (idx % (D / 4)) * 4;
             float* s = dst + r * STRIDE + c;
             if (row0 + r < T && c < d) {
-                cp_async16(s, src + (row0 + r) * d + c);
+                cp_async_16(s, src + (row0 + r) * d + c);
             } else {
                 *reinterpret_cast<float4*>(s) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }

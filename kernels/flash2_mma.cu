@@ -82,6 +82,13 @@ typedef unsigned int u32;
 
 #define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define FULL_MASK 0xffffffffu
+
+// Elements of padding per shared-memory row (16 bytes). The launcher passes -DSMEM_PAD from its own constant, so
+// that the shared memory it allocates and the layout the kernel assumes come from one number.
+#ifndef SMEM_PAD
+#define SMEM_PAD 8
+#endif
 
 enum : int {
     WARP_SIZE = 32,
@@ -89,7 +96,6 @@ enum : int {
     MMA_N = 8,     // columns
     MMA_K = 16,    // depth
     CHUNK = 8,     // 16-bit elements in one 16-byte cp.async / ldmatrix row
-    SMEM_PAD = 8,  // elements of padding per shared-memory row (16 bytes)
 };
 // The exponent base of a row moves only when a tile's max exceeds it by more than this (log2 units), so
 // probabilities stay <= 2^8 before normalisation: exact in float32, representable in fp16 and bf16.
@@ -157,19 +163,19 @@ DEVICE u32 pack2(float lo, float hi) {
     return r;
 }
 
-DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
+DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
 DEVICE float quad_max(float x) {  // the 4 lanes of a quad hold one row's columns
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
+    return fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 2));
 }
 DEVICE float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(FULL_MASK, x, 1);
+    return x + __shfl_xor_sync(FULL_MASK, x, 2);
 }
 
 // Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix -> the shared tile at `tile` ([ROWS][LD], 32-bit
@@ -211,6 +217,170 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// The steps of one K/V tile, as one warp sees them. Each works on the warp's own registers: S (acc_s),
+// O (acc_o) and the running row state (row_max, row_sum); only K and V come from shared memory.
+// They are force-inlined, so the kernel compiles as if it were written out in one piece: split this way, the
+// default builds have the same instruction count, registers and spills as the single-body kernel had.
+// ---------------------------------------------------------------------------------------------------------
+
+// S = Q K^T for this warp's 16*MT rows against the tile's BC keys: (16MT x D) x (D x BC), float32 accumulators.
+// q_lane and k_tile are this lane's ldmatrix row addresses in sQ and in the K stage of the tile.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void warp_scores(float (&acc_s)[MT][BC / MMA_N][4], u32 q_lane, u32 k_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int S_NT = BC / MMA_N;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)  // A = Q rows 16mt + (l % 16), columns 16kk + 8 (l / 16)
+            ldmatrix_x4(a[mt], q_lane + 2 * (mt * MMA_M * LD + kk * MMA_K));
+#pragma unroll
+        for (int np = 0; np < S_NT / 2; ++np) {  // B = K^T: K rows (keys) are B's columns
+            u32 b[4];  // b[0], b[1]: n-tile 2np; b[2], b[3]: n-tile 2np + 1
+            ldmatrix_x4(b, k_tile + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Mask the scores, then the online softmax on the registers: S becomes P = exp2(c s - base) in place.
+// row_max holds the exponent base of each row (log2 units, scale folded in). It moves only when the tile's
+// max exceeds it by more than RESCALE_THRESHOLD: until then p = 2^(c s - base) <= 2^8, exact in float32 and
+// far inside float16/bfloat16 range, and O and l need no rescaling. The result is the same; only the common
+// factor differs. correction[mt][h] is the factor O's row must be multiplied by (1 where the base stayed);
+// the return value says whether any row of this lane moved.
+// warp_row0: the first query row of the warp; k0: the tile's first key; edge: the tile holds a masked key.
+template <int BC, int MT>
+DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                           float (&correction)[MT][2], int warp_row0, int k0, bool edge, int Tk, int diag,
+                           int causal, float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+            const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+            float mx = NEG_INF;  // the row's largest raw score in this tile
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (edge) {
+                        const int col = k0 + nt * MMA_N + 2 * t + e;
+                        if (col >= Tk || (causal && col > row + diag)) acc_s[mt][nt][2 * h + e] = NEG_INF;
+                    }
+                    mx = fmaxf(mx, acc_s[mt][nt][2 * h + e]);
+                }
+            }
+            // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
+            // the exponent's FMA below, not multiplied into every score.
+            const float m_tile = quad_max(mx) * scale_log2;
+            const float old = row_max[mt][h];
+            const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
+            row_max[mt][h] = move ? m_tile : old;
+            correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
+            moved |= move;
+            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+                    acc_s[mt][nt][2 * h + e] = p;
+                    sum += p;
+                }
+            }
+            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+        }
+    }
+    return moved;
+}
+
+// O *= correction, row by row: e / 2 picks row g (accumulators 0, 1) or g + 8 (2, 3).
+template <int D, int MT>
+DEVICE void rescale_output(float (&acc_o)[MT][D / MMA_N][4], const float (&correction)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < D / MMA_N; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= correction[mt][e / 2];
+}
+
+// O += P V: P from the S registers (converted to 16 bits, they are the A operand), V by ldmatrix.trans
+// (B operand). v_tile is this lane's ldmatrix row address in the V stage of the tile.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void warp_accumulate_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
+                               u32 v_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int O_NT = D / MMA_N;
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = pack2<BF16>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);          // row g,   keys 0..7
+            a[mt][1] = pack2<BF16>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);          // row g+8, keys 0..7
+            a[mt][2] = pack2<BF16>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);  // row g,   keys 8..15
+            a[mt][3] = pack2<BF16>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);  // row g+8, keys 8..15
+        }
+#pragma unroll
+        for (int np = 0; np < O_NT / 2; ++np) {
+            u32 b[4];  // V rows (keys) 16kk + (l % 8) + 8 ((l / 8) % 2), columns 16np + 8 (l / 16)
+            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The epilogue: O / l in 16 bits (the 4 lanes of a row add their partial l first), lse = ln2 * (m + log2 l).
+// oh: this head's O; lse[lse_base + row] is the row's log-sum-exp (lse may be null).
+template <int D, int MT, bool BF16>
+DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long long lse_base,
+                         const float (&acc_o)[MT][D / MMA_N][4], const float (&row_max)[MT][2],
+                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+            const float l = quad_sum(row_sum[mt][h]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (row < Tq) {
+#pragma unroll
+                for (int nt = 0; nt < D / MMA_N; ++nt) {
+                    const int col = nt * MMA_N + 2 * t;
+                    if (col < d)
+                        *reinterpret_cast<u32*>(oh + (long long)row * d + col) =
+                            pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
+                }
+                if (lse != nullptr && t == 0)
+                    lse[lse_base + row] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // The kernel. D: head-dim build; BC: keys per tile; NWARPS: warps per block; MT: 16-row m-tiles per warp;
 // MIN_BLOCKS: blocks per SM the compiler must leave registers for (65536 / (32 NWARPS MIN_BLOCKS) each).
 // ---------------------------------------------------------------------------------------------------------
@@ -223,8 +393,6 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     constexpr int WR = MMA_M * MT;    // query rows per warp
     constexpr int BR = WR * NWARPS;   // query rows per block
     constexpr int LD = D + SMEM_PAD;  // shared-memory row stride, elements
-    constexpr int S_NT = BC / MMA_N;  // 8-key n-tiles of S
-    constexpr int O_NT = D / MMA_N;   // 8-column n-tiles of O
     static_assert(D % MMA_K == 0 && D >= 32 && D <= 128, "D must be a multiple of 16 in [32, 128]");
     static_assert(BC % (2 * MMA_N) == 0 && BC >= 16, "BC must be a multiple of 16 (ldmatrix.x4 loads 2 n-tiles)");
     static_assert(MT >= 1 && NWARPS >= 1 && NTHREADS <= 1024, "bad warp tiling");
@@ -245,7 +413,6 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
     const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int g = lane / 4, t = lane % 4;  // the mma layout's row group and thread-in-group
     const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
     const u16* qh = q + q_base;
     const u16* kh = k + k_base;
@@ -264,12 +431,12 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     }
     cp_async_commit();
 
-    float acc_o[MT][O_NT][4];
+    float acc_o[MT][D / MMA_N][4];
     float row_max[MT][2], row_sum[MT][2];  // [m-tile][row g or g+8], in log2 units; row_sum is this lane's part
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < O_NT; ++nt)
+        for (int nt = 0; nt < D / MMA_N; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
         row_max[mt][0] = row_max[mt][1] = NEG_INF;
@@ -292,137 +459,36 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
             load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d);
             cp_async_commit();
         }
-        const u32 k_tile = sK + stage * TILE_KV + k_lane;
-        const u32 v_tile = sV + stage * TILE_KV + v_lane;
 
-        // ---- S = Q K^T: (WR x D) x (D x BC) per warp -------------------------------------------------
-        float acc_s[MT][S_NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / MMA_K; ++kk) {
-            u32 a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)  // A = Q rows 16mt + (l % 16), columns 16kk + 8 (l / 16)
-                ldmatrix_x4(a[mt], q_lane + 2 * (mt * MMA_M * LD + kk * MMA_K));
-#pragma unroll
-            for (int np = 0; np < S_NT / 2; ++np) {  // B = K^T: K rows (keys) are B's columns
-                u32 b[4];  // b[0], b[1]: n-tile 2np; b[2], b[3]: n-tile 2np + 1
-                ldmatrix_x4(b, k_tile + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<BF16>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_16816<BF16>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
-                }
-            }
-        }
+        float acc_s[MT][BC / MMA_N][4];
+        warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
 
-        // ---- mask, online softmax on the registers ------------------------------------------------------
-        // row_max holds the exponent base of each row (log2 units, scale folded in). It moves only when the
-        // tile's max exceeds it by more than RESCALE_THRESHOLD: until then p = 2^(c s - base) <= 2^8, exact
-        // in float32 and far inside float16/bfloat16 range, and O and l need no rescaling (a warp skips the
-        // rescale when none of its rows moved). The result is the same; only the common factor differs.
         const int k0 = j * BC;
         const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
         float correction[MT][2];
-        bool moved = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
-                const int row = q0 + warp * WR + mt * MMA_M + g + 8 * h;
-                float mx = NEG_INF;  // the row's largest raw score in this tile
-#pragma unroll
-                for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        if (edge) {
-                            const int col = k0 + nt * MMA_N + 2 * t + e;
-                            if (col >= Tk || (causal && col > row + diag)) acc_s[mt][nt][2 * h + e] = NEG_INF;
-                        }
-                        mx = fmaxf(mx, acc_s[mt][nt][2 * h + e]);
-                    }
-                }
-                // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
-                // the exponent's FMA below, not multiplied into every score.
-                const float m_tile = quad_max(mx) * scale_log2;
-                const float old = row_max[mt][h];
-                const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
-                row_max[mt][h] = move ? m_tile : old;
-                correction[mt][h] = move ? exp2_approx(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
-                moved |= move;
-                const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float p = exp2_approx(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
-                        acc_s[mt][nt][2 * h + e] = p;
-                        sum += p;
-                    }
-                }
-                row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
-            }
-        }
-        if (__any_sync(0xffffffffu, moved)) {  // O *= correction, row by row (1 where the base did not move)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < O_NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= correction[mt][e / 2];
-        }
+        const bool moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, q0 + warp * WR, k0, edge,
+                                                  Tk, diag, causal, scale_log2);                  // S -> P
+        if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
 
-        // ---- O += P V: P from the S registers (A operand), V by ldmatrix.trans (B operand) ------------
-#pragma unroll
-        for (int kk = 0; kk < BC / MMA_K; ++kk) {
-            u32 a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                a[mt][0] = pack2<BF16>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);          // row g,   keys 0..7
-                a[mt][1] = pack2<BF16>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);          // row g+8, keys 0..7
-                a[mt][2] = pack2<BF16>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);  // row g,   keys 8..15
-                a[mt][3] = pack2<BF16>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);  // row g+8, keys 8..15
-            }
-#pragma unroll
-            for (int np = 0; np < O_NT / 2; ++np) {
-                u32 b[4];  // V rows (keys) 16kk + (l % 8) + 8 ((l / 8) % 2), columns 16np + 8 (l / 16)
-                ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
-                }
-            }
-        }
+        warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
     }
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
 
-    // ---- epilogue: O / l in 16 bits, lse = ln2 * (m + log2 l) ---------------------------------------------
-    u16* oh = o + q_base;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = q0 + warp * WR + mt * MMA_M + g + 8 * h;
-            const float l = quad_sum(row_sum[mt][h]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (row < Tq) {
-#pragma unroll
-                for (int nt = 0; nt < O_NT; ++nt) {
-                    const int col = nt * MMA_N + 2 * t;
-                    if (col < d)
-                        *reinterpret_cast<u32*>(oh + (long long)row * d + col) =
-                            pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
-                }
-                if (lse != nullptr && t == 0)
-                    lse[(long long)bh * Tq + row] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
-            }
-        }
-    }
+    store_output<D, MT, BF16>(o + q_base, lse, (long long)bh * Tq, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d);
 }
+
+// ---- the builds the launcher uses by default (kernels/flash2_mma.py: TILES), instantiated so that
+// `nvcc -c flash2_mma.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name instead.
+#ifndef __CUDACC_RTC__
+#define FLASH2_MMA_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                               \
+    template __global__ void flash2_mma_forward<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                             \
+        const u16*, const u16*, const u16*, u16*, float*, int, int, int, float, int, int);
+FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, false)
+FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, true)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, true)
+FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, true)
+FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, true)
+#endif

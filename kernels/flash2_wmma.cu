@@ -108,8 +108,14 @@ namespace wmma = nvcuda::wmma;
 
 constexpr int WARP_SIZE = 32;
 constexpr int FRAG = 16;   // the wmma shape m16n16k16: every fragment is a 16 x 16 tile
-constexpr int PAD16 = 8;   // 16-bit elements added to each Q/K/V/P row in shared memory (16 bytes)
-constexpr int PAD32 = 4;   // floats added to each S row (16 bytes)
+// Row padding in shared memory; the launcher passes -DPAD16 and -DPAD32 from its own constants, so its
+// shared-memory size and this layout come from one pair of numbers.
+#ifndef PAD16
+#define PAD16 8  // 16-bit elements added to each Q/K/V/P row in shared memory (16 bytes)
+#endif
+#ifndef PAD32
+#define PAD32 4  // floats added to each S row (16 bytes)
+#endif
 constexpr int VEC = 8;     // 16-bit elements in one 16-byte vector load or store
 constexpr int WMMA_ALIGN = 32;  // wmma load/store pointers must be 256-bit aligned
 constexpr unsigned FULL_MASK = 0xffffffffu;

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import ceil_div, check_array, cp, get_kernel, validate_attention
+from ._core import MAX_GRID_X, ceil_div, check_array, check_grid, cp, get_kernel, validate_attention
 from .registry import Variant, register
 
 KERNEL_FILE = "naive.cu"
@@ -24,10 +24,8 @@ def _check_block(block_size: int) -> int:
 
 
 def _launch_grid(total: int, block: int):
-    grid = ceil_div(total, block)
-    if grid > 2**31 - 1:
-        raise ValueError(f"{total} threads need {grid} blocks of {block}; the grid allows 2^31 - 1")
-    return (grid,), (block,)
+    return (check_grid(ceil_div(total, block), f"naive attention ({total} threads of {block} per block)",
+                       MAX_GRID_X),), (block,)
 
 
 def forward(q, k, v, *, causal=False, scale=None, block_size=DEFAULT_BLOCK, return_scores=False):
@@ -88,5 +86,6 @@ register(Variant(
     dtypes=("float32",),
     notebook="01_naive_cuda",
     max_d=MAX_D,
+    module=__name__,
     description="three kernels, one thread per score / row / output (llm.c v1)",
 ))

@@ -1,7 +1,9 @@
 """The registry of attention variants: every forward(q, k, v, *, causal, scale) of the course.
 
 Tests and benchmarks loop over REGISTRY, so a new kernel is tested on the full grid the moment it is
-registered. A launcher module registers its variants at import; `kernels/__init__.py` imports them all.
+registered. A launcher module registers its variants at import, naming itself (module=__name__);
+`kernels/__init__.py` imports every launcher module, and tests/test_project.py fails when a launcher module
+with a forward() is not imported there or registers nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Variant:
     min_cc: tuple = DEFAULT_MIN_CC
     precision: str | None = None  # tolerance class if not the dtype's own (e.g. "tf32")
     description: str = ""
+    module: str = ""  # the launcher module that registered it (kernels.<name>)
 
     def tolerance_class(self, dtype) -> str:
         import numpy as np

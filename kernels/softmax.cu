@@ -268,6 +268,8 @@ extern "C" __global__ void softmax_masked_lengths(float* __restrict__ out, const
                                                   int vec) {
     __shared__ MaxSum red[MAX_WARPS + 1];
     const long long row = blockIdx.x;
-    const int n_valid = min(max(lengths[row], 0), cols);  // the launcher rejects bad lengths; never overrun
+    // Clamped here, so that a length outside [0, cols] can never make the kernel read or write past its row:
+    // the launcher checks the lengths only on request (check_lengths=True), since that waits for the GPU.
+    const int n_valid = min(max(lengths[row], 0), cols);
     block_softmax_row(out + row * cols, inp + row * cols, n_valid, cols, 1.0f, vec, red);
 }

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import ceil_div, check_array, cp, get_kernel, require_gpu
+from ._core import MAX_GRID_X, ceil_div, check_array, check_grid, check_index_range, cp, get_kernel, require_gpu
 
 KERNEL_FILE = "softmax.cu"
 METHODS = ("thread", "warp", "block")
 DEFAULT_BLOCK = {"thread": 256, "warp": 256}  # "block": auto_block(cols)
 CACHE_VEC4 = 8  # must match softmax.cu: float4 per thread held in registers
-MAX_GRID_X = 2**31 - 1
 
 
 def _check_block(block_size: int) -> int:
@@ -51,10 +50,7 @@ def _rows_cols(x, name="x"):
 
 
 def _grid(rows: int, per_block: int):
-    grid = ceil_div(rows, per_block)
-    if grid > MAX_GRID_X:
-        raise ValueError(f"{rows} rows need {grid} blocks; the grid allows at most {MAX_GRID_X}")
-    return (grid,)
+    return (check_grid(ceil_div(rows, per_block), f"a softmax of {rows} rows", MAX_GRID_X),)
 
 
 def _out(out, like):
@@ -114,16 +110,21 @@ def scaled_causal_softmax(scores, *, scale: float, causal: bool = True, method: 
     return out
 
 
-def masked_softmax(x, lengths, *, block_size: int | None = None, out=None):
-    """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries are never read."""
+def masked_softmax(x, lengths, *, block_size: int | None = None, out=None, check_lengths: bool = False):
+    """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries are never read.
+
+    lengths is an int32 CuPy array with one entry per row. The kernel clamps each length to [0, cols], so no
+    value can make it read or write outside its row. check_lengths=True also raises ValueError for a length
+    outside [0, cols]; it is off by default because it reads the lengths back from the GPU, which waits for
+    the GPU to finish everything queued before it (a synchronisation on every call).
+    """
     require_gpu()
     rows, cols = _rows_cols(x)
     check_array(lengths, "lengths", dtypes=("int32",), ndim=1)
     if lengths.shape[0] != rows:
         raise ValueError(f"lengths has {lengths.shape[0]} entries; x has {rows} rows")
-    lo, hi = int(lengths.min()), int(lengths.max())
-    if lo < 0 or hi > cols:
-        raise ValueError(f"lengths must lie in [0, {cols}] (the row length); got values in [{lo}, {hi}]")
+    if check_lengths:
+        check_index_range(lengths, "lengths", 0, cols)
     block = _check_block(block_size or auto_block(cols))
     out = _out(out, x)
     get_kernel(KERNEL_FILE, "softmax_masked_lengths")(

@@ -1,58 +1,217 @@
-"""The one timing helper of the course: CUDA events around the launch, warm-up first, median of N runs.
+"""The one timing helper of the course: kernel time and call time, measured the same way for every kernel and peer.
 
     t = benchmark(lambda: forward(q, k, v))
-    t.ms                       # median milliseconds
-    t.tflops(attention_flops(B, H, T, T, d, causal))
-    t.gbps(nbytes)
+    t.ms, t.min_ms, t.max_ms   kernel time: median and spread of the GPU time per call (what ratios use)
+    t.call_ms                  call time: what one Python call costs, host overhead included
+    t.flushed_ms               kernel time with a cold L2 (only with flush_l2=True)
+    t.tflops(flops), t.gbps(nbytes)      from the kernel time
+    host_overhead_us(fn)       the host's own cost of one call: Python, argument checks, allocation, launch
 
-Also: the FLOP count of attention, and a small table printer that notebooks and the command line share.
+Two numbers, because they answer two questions:
+
+kernel time  How fast is the kernel? The GPU time of the work one call launches, with Python out of the
+             picture. A `hold_gpu` kernel (kernels/timing.cu) keeps the GPU busy while the host queues `batch`
+             calls behind it; an event pair around the queued calls then sees the GPU run them back to back,
+             never waiting for Python. The figure is the batch time / batch, median over `batches` batches,
+             with the slowest and fastest batch as the spread. The inputs stay in L2 from one call to the next
+             (warm L2) wherever they fit in it (50 MB on an H100).
+call time    What does a user's single call cost? A pair of events around one call on an idle GPU: the host's
+             work (argument checks, allocations, launches) counts, because the GPU waits for it. Median of
+             `calls` calls. For a kernel of a few microseconds (decoding, small batches) this is the number
+             that matters; for a long kernel the two agree.
+
+If a call waits for the GPU itself (it reads a result back, for example), the host cannot queue the batch
+while the GPU holds, the batch includes host time, and Timing.host_bound says so.
+
+Also: the FLOP and byte counts of attention, and a small table printer that notebooks and the command line share.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 
-from ._core import cp, require_gpu
+import numpy as np
+
+from ._core import ceil_div, cp, current_device, device_info, get_kernel
+
+KERNEL_FILE = "timing.cu"
+FLUSH_BLOCK = 256
+FLUSH_MAX_GRID = 65536
+MIN_HOLD_NS = 100_000  # 0.1 ms
+MAX_HOLD_NS = 500_000_000  # 0.5 s
 
 
 @dataclass(frozen=True)
 class Timing:
-    ms: float  # median
+    """The measurements of one callable. All times in milliseconds per call."""
+    ms: float  # kernel time, median over batches
     min_ms: float
     max_ms: float
-    runs: int
-    samples: list = field(repr=False, default_factory=list)
+    call_ms: float  # call time, median over single calls
+    call_min_ms: float
+    call_max_ms: float
+    flushed_ms: float | None = None  # kernel time after an L2 flush, median over single calls
+    flushed_min_ms: float | None = None
+    flushed_max_ms: float | None = None
+    host_bound: bool = False  # True when the batches could not be queued ahead of the GPU
+    batch: int = 0
+    batches: int = 0
+    calls: int = 0
+    samples: list = field(repr=False, default_factory=list)  # kernel ms of each batch
 
-    def tflops(self, flops: float) -> float:
-        return flops / (self.ms * 1e-3) / 1e12
+    def tflops(self, flops: float, which: str = "kernel") -> float:
+        return flops / (self._ms(which) * 1e-3) / 1e12
 
-    def gbps(self, nbytes: float) -> float:
-        return nbytes / (self.ms * 1e-3) / 1e9
+    def gbps(self, nbytes: float, which: str = "kernel") -> float:
+        return nbytes / (self._ms(which) * 1e-3) / 1e9
+
+    def _ms(self, which: str) -> float:
+        ms = {"kernel": self.ms, "call": self.call_ms, "flushed": self.flushed_ms}[which]
+        if ms is None:
+            raise ValueError("no L2-flushed time was measured (benchmark(..., flush_l2=True))")
+        return ms
+
+    def columns(self, unit: str = "ms") -> dict:
+        """The table columns every notebook shows: kernel time with its spread, and call time."""
+        f = 1e3 if unit == "us" else 1.0
+        cols = {f"kernel {unit}": self.ms * f, "spread %": 100 * (self.max_ms - self.min_ms) / self.ms,
+                f"call {unit}": self.call_ms * f}
+        if self.flushed_ms is not None:
+            cols[f"cold-L2 {unit}"] = self.flushed_ms * f
+        return cols
+
+    def as_dict(self) -> dict:
+        """Numbers only (for JSON)."""
+        d = asdict(self)
+        d.pop("samples")
+        return d
 
 
-def benchmark(fn, *, warmup: int = 3, runs: int = 20, stream=None) -> Timing:
-    """Time fn() on the GPU with CUDA events: `warmup` untimed calls, then `runs` timed ones.
+def hold_gpu(ns: int) -> None:
+    """Queue a one-thread kernel that keeps the GPU busy for `ns` nanoseconds (kernels/timing.cu)."""
+    get_kernel(KERNEL_FILE, "hold_gpu")((1,), (1,), (np.uint64(ns),))
 
-    Each run is bracketed by its own pair of events on the current stream, so launch gaps between
-    runs are not counted, and the median is reported.
+
+_FLUSH_BUFFERS: dict = {}
+
+
+def flush_l2_cache() -> None:
+    """Overwrite a buffer twice the size of this GPU's L2 cache, so the next kernel starts with a cold L2."""
+    dev = current_device()
+    buf = _FLUSH_BUFFERS.get(dev)
+    if buf is None:
+        buf = _FLUSH_BUFFERS[dev] = cp.empty(max(2 * device_info(dev).l2_bytes, 1 << 26) // 4, dtype=cp.uint32)
+    grid = min(ceil_div(buf.size, FLUSH_BLOCK), FLUSH_MAX_GRID)
+    get_kernel(KERNEL_FILE, "flush_l2")((grid,), (FLUSH_BLOCK,), (buf, np.int64(buf.size), np.uint32(0)))
+
+
+def _elapsed(start, end) -> float:
+    return cp.cuda.get_elapsed_time(start, end)
+
+
+def benchmark(fn, *, batch: int = 20, batches: int = 5, calls: int = 10, warmup: int = 3,
+              flush_l2: bool = False) -> Timing:
+    """Kernel time and call time of fn() (see the module docstring); flush_l2 adds a cold-L2 kernel time.
+
+    fn must launch its GPU work on CuPy's current stream (by default the legacy default stream, which is
+    also torch's default): the events and the hold kernel go there.
     """
-    require_gpu()
-    if runs < 1:
-        raise ValueError(f"runs must be >= 1; got {runs}")
-    stream = stream or cp.cuda.get_current_stream()
+    if min(batch, batches, calls) < 1:
+        raise ValueError(f"batch, batches and calls must be >= 1; got {batch}, {batches}, {calls}")
+    stream = cp.cuda.get_current_stream()
     for _ in range(warmup):
         fn()
     stream.synchronize()
-    samples = []
-    for _ in range(runs):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    # Call time: one call between two events on an idle GPU. The host's own time per call is noted too,
+    # to size the hold of the kernel-time batches.
+    call, host = [], []
+    for _ in range(calls):
+        stream.synchronize()
         start.record(stream)
+        t0 = time.perf_counter()
         fn()
+        host.append(time.perf_counter() - t0)
         end.record(stream)
         end.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, end))
-    return Timing(statistics.median(samples), min(samples), max(samples), runs, samples)
+        call.append(_elapsed(start, end))
+    host_ns = statistics.median(host) * 1e9
+
+    # Kernel time: batches of back-to-back calls queued behind a hold kernel. If queueing a batch took
+    # nearly as long as the hold, the GPU may have waited for the host: hold longer and measure again
+    # (twice at most), else report host_bound.
+    kernel, host_bound = [], False
+    hold_ns = int(min(max(4 * batch * host_ns + 50_000, MIN_HOLD_NS), MAX_HOLD_NS))
+    for _ in range(batches):
+        for attempt in range(3):
+            stream.synchronize()
+            hold_gpu(hold_ns)
+            start.record(stream)
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            queued_ns = (time.perf_counter() - t0) * 1e9
+            end.record(stream)
+            end.synchronize()
+            if queued_ns < 0.8 * hold_ns or hold_ns >= MAX_HOLD_NS:
+                break
+            hold_ns = min(4 * hold_ns, MAX_HOLD_NS)
+        host_bound |= queued_ns >= 0.8 * hold_ns
+        kernel.append(_elapsed(start, end) / batch)
+
+    # Cold L2: each call alone, after a write of twice the L2 and a short hold (outside the events).
+    flushed = []
+    if flush_l2:
+        short_hold = int(min(max(4 * host_ns + 20_000, 50_000), MAX_HOLD_NS))
+        for _ in range(calls):
+            stream.synchronize()
+            flush_l2_cache()
+            hold_gpu(short_hold)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            end.synchronize()
+            flushed.append(_elapsed(start, end))
+
+    return Timing(
+        ms=statistics.median(kernel), min_ms=min(kernel), max_ms=max(kernel),
+        call_ms=statistics.median(call), call_min_ms=min(call), call_max_ms=max(call),
+        flushed_ms=statistics.median(flushed) if flushed else None,
+        flushed_min_ms=min(flushed) if flushed else None, flushed_max_ms=max(flushed) if flushed else None,
+        host_bound=host_bound, batch=batch, batches=batches, calls=calls, samples=kernel)
+
+
+def host_overhead_us(fn, *, calls: int = 100, warmup: int = 5) -> float:
+    """Microseconds of host time per call of fn(): the median over `calls` calls queued behind a hold kernel.
+
+    The GPU is kept busy for the whole loop, so no call waits for the GPU: what is left is Python, the
+    launcher's checks, allocations and the driver's launch. Measure it on a tiny input, where the kernel
+    itself is short.
+    """
+    stream = cp.cuda.get_current_stream()
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    one_ns = (time.perf_counter() - t0) * 1e9
+    stream.synchronize()
+    hold_gpu(int(min(max(4 * calls * one_ns, MIN_HOLD_NS), MAX_HOLD_NS)))
+    per_call = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        per_call.append(time.perf_counter() - t0)
+    stream.synchronize()
+    return statistics.median(per_call) * 1e6
+
+
+def fits_in_l2(nbytes: int) -> bool:
+    """True when `nbytes` fit in this GPU's L2 cache: then a warm-L2 kernel time flatters, so flush too."""
+    return nbytes <= device_info().l2_bytes
 
 
 def attention_flops(B: int, H: int, Tq: int, Tk: int, d: int, causal: bool = False) -> float:
@@ -70,7 +229,7 @@ def format_table(rows: list[dict], columns: list[str] | None = None, floatfmt: s
     """Plain-text table of dicts (one per row), columns in the given order."""
     if not rows:
         return "(no rows)"
-    columns = columns or list(rows[0])
+    columns = columns or list(dict.fromkeys(c for r in rows for c in r))
 
     def fmt(x):
         if isinstance(x, float):

@@ -1,0 +1,36 @@
+// timing.cu -- two helper kernels for measuring other kernels: hold the GPU busy, and flush the L2 cache.
+//
+// What they compute
+//   hold_gpu(ns)           does nothing for `ns` nanoseconds of the GPU's global timer, on one thread. The
+//                          timing helper (kernels/timing.py) launches it first, then queues the calls to be
+//                          timed behind it: while the GPU waits here, Python has time to queue every launch,
+//                          so the events around the queued calls measure GPU work only, back to back, with
+//                          no gap where the GPU waits for the host.
+//   flush_l2(buf, n)       writes n 32-bit words of `buf` (a buffer larger than the L2 cache), so that the
+//                          next kernel finds none of its inputs in L2: the "cold L2" measurement.
+//
+// Launch configuration (kernels/timing.py)
+//   hold_gpu:  grid = 1, block = 1.
+//   flush_l2:  grid-stride loop; block = 256 threads, grid = min(ceil(n / 256), 65536).
+//
+// Numerics
+//   None. %globaltimer is a 64-bit nanosecond clock shared by the whole GPU (PTX ISA, "Special Registers");
+//   __nanosleep lets the warp yield instead of spinning at full issue rate.
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 global_timer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void hold_gpu(u64 ns) {
+    const u64 start = global_timer_ns();
+    while (global_timer_ns() - start < ns) __nanosleep(2000);
+}
+
+extern "C" __global__ void flush_l2(unsigned* __restrict__ buf, long long n, unsigned value) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) buf[i] = value;
+}
