@@ -8,10 +8,14 @@
 //                          no gap where the GPU waits for the host.
 //   flush_l2(buf, n)       writes n 32-bit words of `buf` (a buffer larger than the L2 cache), so that the
 //                          next kernel finds none of its inputs in L2: the "cold L2" measurement.
+//   read_only(src, n4, out) reads n4 16-byte words of `src` and writes one word per block (their XOR), so that
+//                          nothing is optimised away: the read bandwidth a memory-bound kernel that only reads
+//                          (a decoding kernel streaming its KV cache) is measured against.
 //
 // Launch configuration (kernels/timing.py)
 //   hold_gpu:  grid = 1, block = 1.
 //   flush_l2:  grid-stride loop; block = 256 threads, grid = min(ceil(n / 256), 65536).
+//   read_only: grid-stride loop; block = 256 threads, grid = 4 blocks per SM x SMs; out has grid entries.
 //
 // Numerics
 //   None. %globaltimer is a 64-bit nanosecond clock shared by the whole GPU (PTX ISA, "Special Registers");
@@ -33,4 +37,21 @@ extern "C" __global__ void hold_gpu(u64 ns) {
 extern "C" __global__ void flush_l2(unsigned* __restrict__ buf, long long n, unsigned value) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) buf[i] = value;
+}
+
+extern "C" __global__ void read_only(const uint4* __restrict__ src, long long n4, unsigned* __restrict__ out) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const uint4 x = __ldcs(src + i);  // streaming load: the data is read once
+        acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    for (int off = 16; off > 0; off /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, off);
+    __shared__ unsigned warp_acc[32];
+    if (threadIdx.x % 32 == 0) warp_acc[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < blockDim.x / 32; ++w) acc ^= warp_acc[w];
+        out[blockIdx.x] = acc;
+    }
 }

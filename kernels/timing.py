@@ -6,6 +6,7 @@
     t.flushed_ms               kernel time with a cold L2 (only with flush_l2=True)
     t.tflops(flops), t.gbps(nbytes)      from the kernel time
     host_overhead_us(fn)       the host's own cost of one call: Python, argument checks, allocation, launch
+    copy_bandwidth_gbps(), read_bandwidth_gbps()   the memory ceilings memory-bound kernels are measured against
 
 Two numbers, because they answer two questions:
 
@@ -207,6 +208,27 @@ def host_overhead_us(fn, *, calls: int = 100, warmup: int = 5) -> float:
         per_call.append(time.perf_counter() - t0)
     stream.synchronize()
     return statistics.median(per_call) * 1e6
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy of `nbytes` (bytes read + bytes written): the roofline's memory ceiling."""
+    src = cp.ones(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    t = benchmark(lambda: cp.copyto(dst, src), batch=10, batches=3, calls=3)
+    del src, dst
+    return t.gbps(2 * nbytes)
+
+
+def read_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """GB/s of a kernel that only reads `nbytes` (read_only in kernels/timing.cu): the ceiling of a kernel that
+    streams data in and writes almost nothing, such as decoding over a KV cache."""
+    src = cp.ones(nbytes // 4, dtype=cp.uint32)
+    grid = 4 * device_info().sm_count
+    out = cp.empty(grid, dtype=cp.uint32)
+    kern = get_kernel(KERNEL_FILE, "read_only")
+    t = benchmark(lambda: kern((grid,), (256,), (src, np.int64(nbytes // 16), out)), batch=10, batches=3, calls=3)
+    del src
+    return t.gbps(nbytes)
 
 
 def fits_in_l2(nbytes: int) -> bool:
