@@ -3,18 +3,26 @@
 Two suites, each timed in one run with the peers on the same inputs:
 
   llmc   llm.c's benchmark shape (B=8, H=12, T=1024, d=64, causal), float32 and float16: every registered
-         variant that takes the dtype, torch SDPA's flash / cuDNN / efficient / math backends, and the
-         cuBLAS paths (registered variants too).
+         variant that takes the dtype, and torch SDPA's flash / cuDNN / efficient / math backends.
   long   the long-sequence grid: fp16, B=4, H=32, T in {1024, 4096, 16384}, d in {64, 128}, causal and not:
          the fp16 variants against SDPA flash (FlashAttention-2), cuDNN and efficient.
 
-Every row carries a correctness line against the float64 reference (llmc: a ragged causal shape with
-poisoned outputs; long: the last 128 query rows of the first and the last head of the timed inputs), the
-median time (CUDA events), TFLOP/s, GB/s (the compulsory bytes: q, k, v read once, o written once) and the
-ratio to the best peer of the same run. Results go to results/bench.json; --update-readme rewrites the
-README's results tables from that file, so they are regenerated, never typed.
+Every row of ours carries a correctness check against the float64 reference, on the very outputs that are
+timed: the last 128 query rows of the first and the last head (with bottom-right causal alignment these rows
+are an attention problem of their own, so the reference needs only 128 x T scores per head). Every row, ours
+and peers, carries:
 
-    python3 -m kernels.bench                       # both suites (about two minutes on an H100)
+  ms, ms_min, ms_max   kernel time per call (kernels.timing.benchmark: GPU time of back-to-back calls)
+  call_ms              call time: one Python call on an idle GPU, host overhead included
+  cold_ms              kernel time with a cold L2, where q, k, v fit in the L2 cache (else absent)
+  tflops, gbps         from the kernel time (GB/s of the compulsory bytes: q, k, v read once, o written once)
+  ratio_<peer>         peer kernel time / our kernel time, in the same run (above 1: faster than that peer)
+
+plus, once per run, the copy and read bandwidth of the GPU, and the host overhead of one launcher call on a
+tiny input for every variant and for SDPA (`overhead`). Results go to results/bench.json as numbers;
+--update-readme rewrites the README's results tables from that file, so they are regenerated, never typed.
+
+    python3 -m kernels.bench                       # both suites (a few minutes on an H100)
     python3 -m kernels.bench --suite llmc          # one suite
     python3 -m kernels.bench --quick               # long suite at T in {1024, 4096} only
     python3 -m kernels.bench --update-readme       # without a GPU: only rewrite the README from --out
@@ -31,8 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import REGISTRY, attention_bytes, attention_flops, benchmark, check, format_table, gpu_name, gpu_unavailable_reason
+from . import REGISTRY, check, format_table, gpu_name, gpu_unavailable_reason
 from ._core import cp
+from .timing import (attention_bytes, attention_flops, benchmark, copy_bandwidth_gbps, fits_in_l2, host_overhead_us,
+                     read_bandwidth_gbps)
 
 ROOT = Path(__file__).resolve().parents[1]
 LLMC_SHAPE = dict(B=8, H=12, T=1024, d=64)
@@ -46,11 +56,15 @@ SDPA_BACKENDS = {  # peer name -> torch.nn.attention.SDPBackend member
     "sdpa_math": "MATH",
 }
 LONG_PEERS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
-CHECK_ROWS = 128  # query rows checked per head in the long suite
-# Published llm.c dev/cuda/attention_forward.cu times on the H100 lent to this course (GUIDE.md), B=8 T=1024
-# C=768 NH=12 causal, best block size. They are not re-measured here; the progression chart shows them beside ours.
-LLMC_PUBLISHED_MS = {"v1 naive": 77.8, "v2 naive flash": 237.0, "v3 cuBLAS + softmax": 1.23,
-                     "v4 fused online softmax": 0.606, "v5 fp16 GEMMs": 0.363, "v6 v5 without permutes": 0.279}
+CHECK_ROWS = 128  # query rows checked per head
+OVERHEAD_SHAPE = dict(B=1, H=1, T=16, d=64)  # a tiny input: the kernel takes a few microseconds
+# llm.c's own times at its benchmark shape, measured with llm.c's benchmark (not by this module): data, not code.
+LLMC_RESULTS = ROOT / "results" / "llmc.json"
+
+
+def llmc_published() -> dict:
+    """results/llmc.json: llm.c's attention_forward times on an H100, with their source and how they were taken."""
+    return json.loads(LLMC_RESULTS.read_text())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -87,15 +101,6 @@ def sdpa_peer(name: str, q, k, v, causal: bool):
     return run, None
 
 
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """GB/s of a device-to-device copy of `nbytes` (read + write counted): the roofline's memory ceiling."""
-    src = cp.ones(nbytes // 4, dtype=cp.float32)
-    dst = cp.empty_like(src)
-    t = benchmark(lambda: cp.copyto(dst, src))
-    del src, dst
-    return t.gbps(2 * nbytes)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Measuring
 # ---------------------------------------------------------------------------------------------------------
@@ -106,49 +111,43 @@ def _inputs(B, H, T, d, dtype, seed):
     return tuple(cp.asarray(x.astype(dtype)) for x in R.make_qkv(B, H, T, d, seed=seed))
 
 
-def _check_small(variant, dtype) -> str:
-    """The correctness line of a variant on a ragged causal shape (Tq=100, Tk=257), outputs poisoned."""
-    import reference as R
-    from .check import poisoned_allocations
-
-    d = min(64, variant.max_d)
-    q, k, v = (cp.asarray(x.astype(dtype)) for x in R.make_qkv(2, 3, 100, d, 257, seed=1))
-    with poisoned_allocations():
-        o = variant.forward(q, k, v, causal=True)
-    host = [x.get().astype(np.float64) for x in (q, k, v)]
-    return str(check(o, R.attention(*host, causal=True), variant.tolerance_class(dtype)))
-
-
-def _check_rows(o, q, k, v, causal, tol_class) -> str:
-    """Check the last CHECK_ROWS query rows of heads (0, 0) and (B-1, H-1) against the float64 reference.
-
-    With bottom-right causal alignment the last rows of a head are a problem of their own (Tq' = CHECK_ROWS,
-    the same keys), so the reference needs only CHECK_ROWS x Tk scores per head."""
+def check_last_rows(o, q, k, v, causal, tol_class):
+    """check() of the last CHECK_ROWS query rows of heads (0, 0) and (B-1, H-1) against the float64 reference."""
     import reference as R
 
     B, H, T = q.shape[:3]
     n = min(CHECK_ROWS, T)
     outs, refs = [], []
-    for b, h in {(0, 0), (B - 1, H - 1)}:
+    for b, h in sorted({(0, 0), (B - 1, H - 1)}):
         host = [x[b, h].get().astype(np.float64)[None, None] for x in (q[:, :, T - n:], k, v)]
         refs.append(R.attention(*host, causal=causal))
         outs.append(o[b, h, T - n:].get()[None, None])
-    return str(check(np.concatenate(outs), np.concatenate(refs), tol_class))
+    return check(np.concatenate(outs), np.concatenate(refs), tol_class)
 
 
-def _row(suite, name, kind, dtype, shape, causal, t, correct, note=""):
+def _row(suite, name, kind, dtype, shape, causal, t=None, res=None, note=""):
     B, H, T, d = shape
-    row = dict(suite=suite, name=name, kind=kind, dtype=dtype, B=B, H=H, T=T, d=d, causal=causal, correct=correct,
-               note=note)
+    row = dict(suite=suite, name=name, kind=kind, dtype=dtype, B=B, H=H, T=T, d=d, causal=causal, note=note)
+    if res is not None:
+        row.update(res.as_dict())
     if t is not None:
         itemsize = np.dtype(dtype).itemsize
-        row.update(ms=t.ms, tflops=t.tflops(attention_flops(B, H, T, T, d, causal)),
+        row.update(ms=t.ms, ms_min=t.min_ms, ms_max=t.max_ms, call_ms=t.call_ms, host_bound=t.host_bound,
+                   tflops=t.tflops(attention_flops(B, H, T, T, d, causal)),
                    gbps=t.gbps(attention_bytes(B, H, T, T, d, itemsize)))
+        if t.flushed_ms is not None:
+            row["cold_ms"] = t.flushed_ms
     return row
 
 
+def _time(fn, shape, dtype):
+    B, H, T, d = shape
+    return benchmark(fn, flush_l2=fits_in_l2(3 * B * H * T * d * np.dtype(dtype).itemsize))
+
+
 def _add_ratios(rows):
-    """ratio_best_peer (peer ms / our ms, > 1 is faster than every peer) and ratio_<peer> per configuration."""
+    """ratio_best_peer (peer ms / our ms, > 1 is faster than every peer) and ratio_<peer> per configuration,
+    all from kernel times of the same run."""
     key = lambda r: (r["suite"], r["dtype"], r["B"], r["H"], r["T"], r["d"], r["causal"])  # noqa: E731
     for _, group in itertools.groupby(sorted(rows, key=key), key=key):
         group = list(group)
@@ -169,12 +168,27 @@ def _time_peers(rows, suite, dtype, shape, causal, q, k, v, peers, log):
     for p in peers:
         fn, why = sdpa_peer(p, q, k, v, causal)
         if fn is None:
-            rows.append(_row(suite, p, "peer", dtype, shape, causal, None, "", note=f"not run: {why}"))
+            rows.append(_row(suite, p, "peer", dtype, shape, causal, note=f"not run: {why}"))
             log(f"  {p:16s} not run: {why}")
             continue
-        t = benchmark(fn)
-        rows.append(_row(suite, p, "peer", dtype, shape, causal, t, ""))
-        log(f"  {p:16s} {t.ms:8.3f} ms")
+        t = _time(fn, shape, dtype)
+        rows.append(_row(suite, p, "peer", dtype, shape, causal, t))
+        log(f"  {p:16s} kernel {t.ms:8.3f} ms  call {t.call_ms:8.3f} ms")
+
+
+def _time_ours(rows, suite, name, dtype, shape, causal, q, k, v, log):
+    var = REGISTRY[name]
+    try:
+        o = var.forward(q, k, v, causal=causal)
+    except ValueError as e:  # e.g. cuBLAS attention's score matrix does not fit in memory
+        rows.append(_row(suite, name, "ours", dtype, shape, causal, note=f"not run: {e}"[:160]))
+        log(f"  {name:16s} not run: {str(e)[:100]}")
+        return
+    res = check_last_rows(o, q, k, v, causal, var.tolerance_class(dtype))
+    del o
+    t = _time(lambda: var.forward(q, k, v, causal=causal), shape, dtype)
+    rows.append(_row(suite, name, "ours", dtype, shape, causal, t, res))
+    log(f"  {name:16s} kernel {t.ms:8.3f} ms  call {t.call_ms:8.3f} ms  {res}")
 
 
 def run_llmc(dtypes=LLMC_DTYPES, variants=None, log=print) -> list[dict]:
@@ -188,12 +202,8 @@ def run_llmc(dtypes=LLMC_DTYPES, variants=None, log=print) -> list[dict]:
         _time_peers(rows, "llmc", dtype, shape, True, q, k, v, SDPA_BACKENDS, log)
         for name in variants or sorted(REGISTRY):
             var = REGISTRY[name]
-            if dtype not in var.dtypes or d > var.max_d:
-                continue
-            correct = _check_small(var, dtype)
-            t = benchmark(lambda: var.forward(q, k, v, causal=True))
-            rows.append(_row("llmc", name, "ours", dtype, shape, True, t, correct))
-            log(f"  {name:16s} {t.ms:8.3f} ms  {correct}")
+            if dtype in var.dtypes and d <= var.max_d:
+                _time_ours(rows, "llmc", name, dtype, shape, True, q, k, v, log)
     return _add_ratios(rows)
 
 
@@ -209,28 +219,59 @@ def run_long(T_values=LONG["T"], d_values=LONG["d"], causal_values=LONG["causal"
         q, k, v = _inputs(B, H, T, d, dtype, seed=3)
         _time_peers(rows, "long", dtype, shape, causal, q, k, v, peers, log)
         for name in names:
-            var = REGISTRY[name]
-            if d > var.max_d:
-                continue
-            try:
-                o = var.forward(q, k, v, causal=causal)
-            except ValueError as e:  # e.g. cuBLAS attention's score matrix does not fit in memory
-                rows.append(_row("long", name, "ours", dtype, shape, causal, None, "", note=f"not run: {e}"[:160]))
-                log(f"  {name:16s} not run: {str(e)[:100]}")
-                continue
-            correct = _check_rows(o, q, k, v, causal, var.tolerance_class(dtype))
-            del o
-            t = benchmark(lambda: var.forward(q, k, v, causal=causal))
-            rows.append(_row("long", name, "ours", dtype, shape, causal, t, correct))
-            log(f"  {name:16s} {t.ms:8.3f} ms  {correct}")
+            if d <= REGISTRY[name].max_d:
+                _time_ours(rows, "long", name, dtype, shape, causal, q, k, v, log)
         del q, k, v
         cp.get_default_memory_pool().free_all_blocks()
     return _add_ratios(rows)
 
 
+def _sdpa_default(q, k, v):
+    """torch SDPA as a user calls it, the backend left to torch's dispatcher (what its host overhead is)."""
+    import torch
+    import torch.nn.functional as F
+
+    qt, kt, vt = (torch.from_dlpack(x) for x in (q, k, v))
+    return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+
+def launcher_overhead(variants=None, log=print) -> list[dict]:
+    """Host microseconds per call on a tiny input (OVERHEAD_SHAPE), every variant and SDPA, beside its call time.
+
+    The kernel itself takes a few microseconds there, so `host_us` is what Python, the launcher's checks, its
+    allocations and the driver's launch cost; `call_us` is what a user waits for one call on an idle GPU.
+    SDPA is called plainly, its backend chosen by torch's dispatcher, as a model calls it.
+    """
+    B, H, T, d = OVERHEAD_SHAPE.values()
+    rows = []
+    cases = [(n, dt) for n in (variants or sorted(REGISTRY)) for dt in REGISTRY[n].dtypes[:1]]
+    cases += [("torch sdpa", "float16"), ("torch sdpa", "float32")]
+    for name, dtype in cases:
+        q, k, v = _inputs(B, H, T, d, dtype, seed=4)
+        try:
+            fn = _sdpa_default(q, k, v) if name == "torch sdpa" else \
+                (lambda var: lambda: var.forward(q, k, v, causal=True))(REGISTRY[name])
+        except ImportError as e:
+            rows.append(dict(name=name, dtype=dtype, kind="peer", note=f"not run: {e}"))
+            continue
+        host = host_overhead_us(fn)
+        t = benchmark(fn)
+        rows.append(dict(name=name, dtype=dtype, kind="peer" if name == "torch sdpa" else "ours", host_us=host,
+                         call_us=t.call_ms * 1e3, kernel_us=t.ms * 1e3, note=""))
+        log(f"  {name:16s} {dtype:8s} host {host:6.1f} us  call {t.call_ms * 1e3:6.1f} us  kernel {t.ms * 1e3:6.1f} us")
+    return rows
+
+
 def run(suites=("llmc", "long"), quick=False, variants=None, out_path: Path | None = None, log=print) -> dict:
+    log("bandwidth: 1 GiB device-to-device copy, and a 1 GiB read-only kernel")
     result = {"gpu": gpu_name(), "llmc_shape": LLMC_SHAPE, "long": {k: LONG[k] for k in ("B", "H", "dtype")},
-              "copy_gbps": copy_bandwidth(), "llmc_published_ms": LLMC_PUBLISHED_MS, "rows": []}
+              "copy_gbps": copy_bandwidth_gbps(), "read_gbps": read_bandwidth_gbps(), "check_rows": CHECK_ROWS,
+              "timing": "kernel time: median of 5 batches of back-to-back calls queued behind a hold kernel, warm L2; "
+                        "call time: median of 10 single calls between events on an idle GPU; cold_ms: single calls "
+                        "after an L2 flush, where q, k, v fit in L2",
+              "rows": []}
+    log("launcher host overhead, tiny input")
+    result["overhead"] = launcher_overhead(variants, log=log)
     if "llmc" in suites:
         result["rows"] += run_llmc(variants=variants, log=log)
     if "long" in suites:
@@ -242,18 +283,70 @@ def run(suites=("llmc", "long"), quick=False, variants=None, out_path: Path | No
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The cupy.matmul trap (notebook 06): batched 16-bit products through cupy.matmul and through cuBLAS directly
+# ---------------------------------------------------------------------------------------------------------
+
+def matmul_vs_gemmex(batch=96, shapes=((1024, 64, 1024), (1024, 1024, 64)), dtype="float16", seed=0):
+    """Time cupy.matmul against cublas_half.batched_matmul (gemmStridedBatchedEx) on the same 16-bit products.
+
+    shapes lists (M, K, N): by default S = Q K^T and O = P V of one attention layer at T = 1024, d = 64,
+    B * H = 96 (llm.c's GPT-2 shape). Returns one dict per (shape, path) with kernel and call time, TFLOP/s, the
+    relative L2 difference between the two paths' results, and a note where cupy.matmul refuses the dtype.
+    """
+    from .cublas_half import _half_dtype, batched_matmul
+
+    dtype = _half_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for M, K, N in shapes:
+        a = cp.asarray(rng.standard_normal((batch, M, K)).astype(np.float32)).astype(dtype)
+        b = cp.asarray(rng.standard_normal((batch, K, N)).astype(np.float32)).astype(dtype)
+        product = f"{batch} x ({M}x{K}) @ ({K}x{N})"
+        flops = 2.0 * batch * M * N * K
+        ref = batched_matmul(a, b).astype(cp.float32)
+        try:
+            got = cp.matmul(a, b).astype(cp.float32)
+        except Exception as e:  # CuPy 14.2 has no bfloat16 matmul ("data type 'E' not understood")
+            rows.append({"product": product, "dtype": dtype, "path": "cupy.matmul", "kernel ms": float("nan"),
+                         "call ms": float("nan"), "TFLOP/s": float("nan"), "rel diff": float("nan"),
+                         "note": f"{type(e).__name__}: {e}"})
+            paths = (("cublasGemmStridedBatchedEx", lambda: batched_matmul(a, b)),)
+            diff = float("nan")
+        else:
+            diff = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
+            paths = (("cupy.matmul", lambda: cp.matmul(a, b)),
+                     ("cublasGemmStridedBatchedEx", lambda: batched_matmul(a, b)))
+        for path, fn in paths:
+            t = benchmark(fn)
+            rows.append({"product": product, "dtype": dtype, "path": path, "kernel ms": t.ms, "call ms": t.call_ms,
+                         "TFLOP/s": t.tflops(flops), "rel diff": diff, "note": ""})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Tables (the command line's and the README's), from a result dict
 # ---------------------------------------------------------------------------------------------------------
 
 def _fmt(x, f):
-    return format(x, f) if isinstance(x, (int, float)) else ""
+    return format(x, f) if isinstance(x, (int, float)) and not isinstance(x, bool) else ""
+
+
+def correct_text(r) -> str:
+    """The correctness cell of a row: 'peer' for the yardsticks, else ok and the relative L2 error."""
+    if r["kind"] == "peer":
+        return "peer"
+    if "ok" not in r:
+        return ""
+    return f"{'yes' if r['ok'] else 'NO'} ({r['rel_l2']:.0e} / {r['tol']:.0e})"
 
 
 def llmc_table(result: dict) -> list[dict]:
     rows = [r for r in result["rows"] if r["suite"] == "llmc"]
-    return [dict(variant=r["name"], dtype=r["dtype"], correct=r["correct"] or ("peer" if r["kind"] == "peer" else ""),
-                 ms=_fmt(r.get("ms"), ".3f"), tflops=_fmt(r.get("tflops"), ".1f"), gbps=_fmt(r.get("gbps"), ".0f"),
-                 vs_best_peer=(f"{r['ratio_best_peer']:.2f}x ({r['best_peer']})" if "ratio_best_peer" in r else r["note"]))
+    return [{"variant": r["name"], "dtype": r["dtype"], "correct (rel err / tol)": correct_text(r),
+             "kernel ms": _fmt(r.get("ms"), ".3f"), "call ms": _fmt(r.get("call_ms"), ".3f"),
+             "cold-L2 ms": _fmt(r.get("cold_ms"), ".3f"), "TFLOP/s": _fmt(r.get("tflops"), ".1f"),
+             "vs best peer": (f"{r['ratio_best_peer']:.2f}x ({r['best_peer']})" if "ratio_best_peer" in r
+                              else r["note"])}
             for r in rows]
 
 
@@ -266,11 +359,20 @@ def long_table(result: dict, name: str = "flash2_mma") -> list[dict]:
         ours = by.get(name)
         if ours is None:
             continue
-        out.append({"d": d, "causal": "no" if full else "yes", "T": T, "correct": ours["correct"],
-                    f"{name} ms": _fmt(ours.get("ms"), ".3f"), "TFLOP/s": _fmt(ours.get("tflops"), ".0f"),
+        out.append({"d": d, "causal": "no" if full else "yes", "T": T, "correct": correct_text(ours),
+                    "kernel ms": _fmt(ours.get("ms"), ".3f"), "call ms": _fmt(ours.get("call_ms"), ".3f"),
+                    "TFLOP/s": _fmt(ours.get("tflops"), ".0f"),
                     **{f"{p} TFLOP/s": _fmt(by[p].get("tflops"), ".0f") for p in ("sdpa_flash", "sdpa_cudnn") if p in by},
-                    "vs flash": _fmt(ours.get("ratio_sdpa_flash"), ".2f"), "vs cuDNN": _fmt(ours.get("ratio_sdpa_cudnn"), ".2f")})
+                    "vs flash": _fmt(ours.get("ratio_sdpa_flash"), ".2f"),
+                    "vs cuDNN": _fmt(ours.get("ratio_sdpa_cudnn"), ".2f")})
     return out
+
+
+def overhead_table(result: dict) -> list[dict]:
+    return [{"launcher": r["name"], "dtype": r["dtype"], "host us/call": _fmt(r.get("host_us"), ".1f"),
+             "call us": _fmt(r.get("call_us"), ".1f"), "kernel us": _fmt(r.get("kernel_us"), ".1f"),
+             "note": r.get("note", "")}
+            for r in result.get("overhead", [])]
 
 
 def _markdown(rows: list[dict]) -> list[str]:
@@ -287,14 +389,21 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 def markdown_tables(result: dict) -> str:
     s = result["llmc_shape"]
-    lines = [f"Measured on {result['gpu']} by `python3 -m kernels.bench` (median of 20 runs, CUDA events; peers in the same "
-             f"run; copy bandwidth {result['copy_gbps']:.0f} GB/s). Ratios are peer time / our time: above 1 is faster.",
+    lines = [f"Measured on {result['gpu']} by `python3 -m kernels.bench` (peers in the same run; copy bandwidth "
+             f"{result['copy_gbps']:.0f} GB/s, read bandwidth {result['read_gbps']:.0f} GB/s). **Kernel time** is the GPU "
+             "time per call with calls queued back to back (warm L2); **call time** is one Python call on an idle GPU, "
+             "host overhead included; **cold-L2** is the kernel time after an L2 flush, where q, k, v fit in L2. "
+             "Ratios are peer kernel time / our kernel time: above 1 is faster. Correctness is checked on the last "
+             f"{result['check_rows']} query rows of two heads of the timed outputs.",
              "", f"**llm.c's shape** (B={s['B']}, H={s['H']}, T={s['T']}, d={s['d']}, causal):", ""]
     lines += _markdown(llmc_table(result))
     L = result["long"]
-    lines += ["", f"**Long sequences, flash2_mma** ({L['dtype']}, B={L['B']}, H={L['H']}; correctness on the last "
-              f"{CHECK_ROWS} query rows of two heads):", ""]
+    lines += ["", f"**Long sequences, flash2_mma** ({L['dtype']}, B={L['B']}, H={L['H']}):", ""]
     lines += _markdown(long_table(result))
+    if result.get("overhead"):
+        lines += ["", f"**Launcher overhead** (host time per call on a tiny input, B={OVERHEAD_SHAPE['B']}, "
+                  f"H={OVERHEAD_SHAPE['H']}, T={OVERHEAD_SHAPE['T']}, d={OVERHEAD_SHAPE['d']}):", ""]
+        lines += _markdown(overhead_table(result))
     return "\n".join(lines)
 
 
@@ -325,7 +434,9 @@ def main(argv=None) -> int:
         return 2
     suites = ("llmc", "long") if args.suite == "all" else (args.suite,)
     result = run(suites, quick=args.quick, variants=args.variants, out_path=args.out)
-    print(f"\n{result['gpu']}; copy bandwidth {result['copy_gbps']:.0f} GB/s")
+    print(f"\n{result['gpu']}; copy bandwidth {result['copy_gbps']:.0f} GB/s, read {result['read_gbps']:.0f} GB/s")
+    print("\nlauncher host overhead (tiny input):")
+    print(format_table(overhead_table(result)))
     if "llmc" in suites:
         print(f"\nllm.c shape {result['llmc_shape']}, causal:")
         print(format_table(llmc_table(result)))
@@ -336,7 +447,7 @@ def main(argv=None) -> int:
     if args.update_readme:
         update_readme(ROOT / "README.md", result)
         print("README.md results tables rewritten")
-    ok = all(r["correct"].endswith("True") for r in result["rows"] if r["kind"] == "ours" and r["correct"])
+    ok = all(r["ok"] for r in result["rows"] if r["kind"] == "ours" and "ok" in r)
     return 0 if ok else 1
 
 

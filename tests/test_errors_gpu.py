@@ -69,17 +69,27 @@ def test_non_finite_scale(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_old_gpu_gets_a_clear_error(gpu, name, monkeypatch):
+    import dataclasses
+
     v = kernels.REGISTRY[name]
-    monkeypatch.setattr(core, "device_compute_capability", lambda: (7, 5))
+    dev = core.current_device()
+    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(7, 5)))
     need = f"{v.min_cc[0]}.{v.min_cc[1]}"
     with pytest.raises(kernels.UnsupportedDeviceError, match=rf"compute capability >= {need}.* has 7\.5"):
         v.forward(*_qkv(gpu, v))
 
 
 def test_shared_memory_over_the_device_limit(gpu, monkeypatch):
-    monkeypatch.setattr(core, "max_shared_memory_optin", lambda: 100 * 1024)
+    import dataclasses
+
+    dev = core.current_device()
+    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), smem_optin=100 * 1024))
     with pytest.raises(ValueError, match=r"needs 200000 bytes of shared memory.*at most 102400"):
-        core.set_dynamic_shared_memory(object(), 200_000, "a test kernel")
+        core.check_shared_memory(200_000, "a test kernel")
+    # a kernel configured on a GPU with less shared memory than its build needs says so at its first launch
+    kern = core.Kernel("flash2_mma.cu", "flash2_mma_forward", shared_mem=200_000)
+    with pytest.raises(ValueError, match=r"flash2_mma.cu:flash2_mma_forward needs 200000 bytes.*at most 102400"):
+        kern((1,), (32,), ())
 
 
 def test_block_size_and_packed_layout_errors(gpu):
@@ -99,14 +109,41 @@ def test_softmax_errors(gpu):
     with pytest.raises(TypeError, match=r"x has dtype float16"):
         S.softmax(x.astype(cp.float16))
     with pytest.raises(ValueError, match=r"lengths must lie in \[0, 8\].*\[0, 9\]"):
-        S.masked_softmax(x, cp.asarray(np.array([0, 1, 9, 2], np.int32)))
+        S.masked_softmax(x, cp.asarray(np.array([0, 1, 9, 2], np.int32)), check_lengths=True)
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, 8\].*\[-1, 2\]"):
+        S.masked_softmax(x, cp.asarray(np.array([0, 1, -1, 2], np.int32)), check_lengths=True)
     with pytest.raises(ValueError, match=r"lengths has 3 entries; x has 4 rows"):
         S.masked_softmax(x, cp.zeros(3, dtype=cp.int32))
     with pytest.raises(ValueError, match=r"out has shape"):
         S.softmax(x, out=cp.empty((4, 9), dtype=cp.float32))
 
 
+def test_masked_softmax_clamps_bad_lengths_when_unchecked(gpu):
+    """Without check_lengths the kernel clamps each length to [0, cols]: no fault, and the clamped answer."""
+    cp = gpu
+    import reference as R
+
+    x = np.random.default_rng(3).standard_normal((4, 40)).astype(np.float32)
+    lengths = np.array([-5, 7, 40, 10**6], np.int32)
+    y = S.masked_softmax(cp.asarray(x), cp.asarray(lengths)).get()
+    cp.cuda.Device().synchronize()
+    for r, n in enumerate(np.clip(lengths, 0, 40)):
+        want = np.zeros(40)
+        if n:
+            want[:n] = R.softmax_safe(x[r, :n].astype(np.float64))
+        assert kernels.check(y[r], want).ok
+
+
 def test_no_gpu_error_names_the_reason(monkeypatch):
+    monkeypatch.setattr(core, "_GPU_OK", False)
     monkeypatch.setattr(core, "cp", None)
     with pytest.raises(kernels.GPUNotAvailableError, match="CuPy is not installed"):
         core.require_gpu()
+
+
+def test_no_driver_is_named_as_such(monkeypatch):
+    """CuPy installed but no NVIDIA driver: the reason says so (not 'driver too old')."""
+    monkeypatch.setattr(core, "_GPU_OK", False)
+    monkeypatch.setattr(core, "cp", object())
+    monkeypatch.setattr(core, "_driver_library_loads", lambda: False)
+    assert core.gpu_unavailable_reason().startswith("no NVIDIA driver / no GPU")

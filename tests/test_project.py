@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,39 @@ def test_registry_variants_point_at_notebooks():
     for v in kernels.REGISTRY.values():
         assert v.notebook in stems, f"variant {v.name} names notebook {v.notebook}, which does not exist"
         assert v.dtypes and v.max_d >= 16
+
+
+def test_every_launcher_module_is_imported_and_registered():
+    """Each kernels/NAME.cu has its launcher kernels/NAME.py, kernels/__init__.py imports it (so its variants
+    exist whenever the package is imported), and a launcher with a forward() registers at least one variant."""
+    import kernels
+
+    for cu in sorted((ROOT / "kernels").glob("*.cu")):
+        name = f"kernels.{cu.stem}"
+        assert (ROOT / "kernels" / f"{cu.stem}.py").is_file(), f"kernels/{cu.name} has no launcher kernels/{cu.stem}.py"
+        assert name in sys.modules, f"{name} is not imported by kernels/__init__.py, so nothing it registers exists"
+        module = sys.modules[name]
+        assert getattr(module, "KERNEL_FILE", None) == cu.name, f"{name}.KERNEL_FILE must name {cu.name}"
+        if callable(getattr(module, "forward", None)):
+            assert any(v.module == name for v in kernels.REGISTRY.values()), \
+                f"{name} has a forward() but registers no variant (register(Variant(..., module=__name__)))"
+    for v in kernels.REGISTRY.values():
+        assert v.module in sys.modules and v.forward.__module__ == v.module, \
+            f"variant {v.name} says module={v.module!r}; its forward lives in {v.forward.__module__}"
+
+
+def test_the_repository_stands_alone():
+    """No tracked file points a reader at files outside the clone, or calls the GPU a borrowed one."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    pattern = re.compile(r"GUIDE\.md|\.\./shared|\blent\b", re.I)
+    bad = []
+    for f in files:
+        path = ROOT / f
+        if path.suffix in (".png", ".whl") or not path.is_file():
+            continue
+        text = path.read_text(errors="ignore")
+        bad += [f"{f}: {m.group(0)!r}" for m in pattern.finditer(text)]
+    assert not bad, "files that cite something outside the repository: " + "; ".join(bad[:10])
 
 
 def _pip_names(path):

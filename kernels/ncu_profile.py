@@ -1,6 +1,6 @@
-"""Profile flash2_mma next to SDPA's flash kernel (FlashAttention-2) with Nsight Compute; a plain script, not a test.
+"""Profile flash2_mma next to SDPA's flash kernel (FlashAttention-2) with Nsight Compute.
 
-    python3 tests/profile_flash2_mma.py > results/h100-ncu.txt
+    python3 -m kernels.ncu_profile > results/h100-ncu.txt
 
 fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
 duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
@@ -46,15 +46,15 @@ def launch():
 
 def main():
     cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
-           sys.executable, __file__, "--launch"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+           sys.executable, "-m", "kernels.ncu_profile", "--launch"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     rows = list(csv.reader(io.StringIO(out[out.index('"ID"'):])))
     head, units = rows[0], rows[1]
     data = [r for r in rows[2:] if r and r[0].isdigit()]
     names = [("flash2_mma" if "flash2_mma" in r[head.index("Kernel Name")] else "SDPA flash") for r in data]
     names = [f"{n} d={d}" for n, d in zip(names, (64, 64, 128, 128))]
     print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one launch of each kernel; command:")
-    print(f"  ncu --csv --page raw -k '{KERNELS}' --metrics <the metrics below> python3 tests/profile_flash2_mma.py --launch")
+    print(f"  ncu --csv --page raw -k '{KERNELS}' --metrics <the metrics below> python3 -m kernels.ncu_profile --launch")
     print(f"{'metric':46s}" + "".join(f"{n:>18s}" for n in names))
     for key, label in METRICS.items():
         i = head.index(key)

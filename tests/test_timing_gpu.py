@@ -1,0 +1,51 @@
+"""kernels.timing on the GPU: what it measures must be consistent with what it timed (no time is asserted
+against a target: only bounds that follow from the measurement's own definition)."""
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import timing
+
+
+def test_kernel_time_is_at_least_what_the_kernel_waits(gpu):
+    """hold_gpu(200 us) cannot take less than 200 us of GPU time, in either measure."""
+    t = timing.benchmark(lambda: timing.hold_gpu(200_000), batch=5, batches=3, calls=3, flush_l2=True)
+    assert t.min_ms >= 0.2 and t.call_min_ms >= 0.2 and t.flushed_min_ms >= 0.2
+    assert t.min_ms <= t.ms <= t.max_ms and t.call_min_ms <= t.call_ms <= t.call_max_ms
+    assert not t.host_bound
+    d = t.as_dict()
+    assert "samples" not in d and all(isinstance(d[k], (int, float)) for k in ("ms", "call_ms", "flushed_ms"))
+
+
+def test_a_call_that_waits_for_the_gpu_is_reported_host_bound(gpu):
+    cp = gpu
+    x = cp.ones(1024, dtype=cp.float32)
+    t = timing.benchmark(lambda: float(x.sum()), batch=3, batches=2, calls=3)  # float() reads back: a sync
+    assert t.host_bound
+
+
+def test_columns_and_rates(gpu):
+    t = timing.benchmark(lambda: timing.hold_gpu(50_000), batch=3, batches=2, calls=2)
+    cols = t.columns(unit="us")
+    assert list(cols) == ["kernel us", "spread %", "call us"]
+    assert cols["kernel us"] == pytest.approx(t.ms * 1e3)
+    assert t.tflops(1e12) == pytest.approx(1.0 / (t.ms * 1e-3))
+    with pytest.raises(ValueError, match="no L2-flushed time"):
+        t.gbps(1.0, which="flushed")
+    with pytest.raises(ValueError, match="must be >= 1"):
+        timing.benchmark(lambda: None, batch=0)
+
+
+def test_host_overhead_and_bandwidths_are_positive(gpu):
+    cp = gpu
+    q = cp.asarray(np.ones((1, 1, 16, 64), np.float16))
+    us = kernels.host_overhead_us(lambda: kernels.REGISTRY["flash2_mma"].forward(q, q, q), calls=20)
+    assert 0 < us < 1e5
+    assert timing.read_bandwidth_gbps(1 << 26) > 0 and timing.copy_bandwidth_gbps(1 << 26) > 0
+
+
+def test_flush_buffer_is_larger_than_l2(gpu):
+    timing.flush_l2_cache()
+    buf = timing._FLUSH_BUFFERS[kernels.device_info().id]
+    assert buf.nbytes >= 2 * kernels.device_info().l2_bytes
