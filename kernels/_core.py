@@ -339,6 +339,26 @@ def kernel_source(filename: str, name: str | None = None) -> str:
     return "\n".join(lead + [text[start : i + 1]])
 
 
+STEP_MARK = re.compile(r"^\s*// ---- (.+?)\s*-*\s*$")
+
+
+def kernel_steps(filename: str, name: str) -> list[tuple[str, str]]:
+    """One function of kernels/<filename>, cut into its steps: [(title, code), ...].
+
+    A step starts at a comment line of the form `// ---- title -----`; what comes before the first one is the
+    signature and set-up. Notebooks show a long kernel this way, a step at a time with the explanation between.
+    """
+    steps, title, lines = [], "signature and set-up", []
+    for line in kernel_source(filename, name).split("\n"):
+        m = STEP_MARK.match(line)
+        if m and lines:
+            steps.append((title, "\n".join(lines)))
+            title, lines = m.group(1), []
+        lines.append(line)
+    steps.append((title, "\n".join(lines)))
+    return steps
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

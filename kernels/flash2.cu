@@ -76,7 +76,7 @@
 //   instruction, 2 ulp), logf and a true division at the end; no --use_fast_math. Masked scores are -inf; a
 //   row whose running max is still -inf uses 0 as the reference, so 2^(-inf - 0) = 0 and nothing is NaN.
 //   Relative L2 error against float64: about 1e-7 for unit inputs, at most 4.2e-6 for magnitude-10 inputs
-//   (H100, the grid of tests/devcheck_flash.py).
+//   (H100, the grids of tests/test_attention_gpu.py and tests/test_flash2_gpu.py).
 //
 // What comes next
 //   This kernel spends its time in FFMA at a fraction of the 67 TFLOP/s fp32 peak. Notebook 05 moves the two

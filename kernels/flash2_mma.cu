@@ -63,6 +63,21 @@
 //           fill in at the end.
 //   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
 //
+// Code layout (each step is a force-inlined device function on one warp's registers)
+//   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
+//   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
+//   online_softmax       mask, row max, P = exp2(c S - m), l        (in place in the S registers)
+//   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
+//   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
+//   store_output         O / l and the LSE
+//
+// Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES)
+//   D=32: 166, D=64: 168 (capped by __launch_bounds__(128, 3) for three blocks per SM), D=96: 248, no spills;
+//   D=128: 255 registers and 44 bytes of spill stores per thread: the O accumulators (64 floats at MT=2) and S
+//   (32 floats) do not fit beside the fragments in flight. For sm_80 (A100) the same builds spill 36 bytes at
+//   D=64 (the 168-register cap) and 8 at D=128. CuPy's NVRTC may count a few registers differently; notebook 06
+//   prints what the running GPU's build uses.
+//
 // Limits (checked by kernels/flash2_mma.py before launch)
 //   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
 //   are zero-filled by cp.async and never written back. Any Tq, Tk >= 1: rows past the end are zero-filled
@@ -404,6 +419,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const u32 sK = sQ + 2 * BR * LD;      // [2][BC][LD]
     const u32 sV = sK + 2 * TILE_KV;      // [2][BC][LD]
 
+    // ---- which head and which query rows this block owns ------------------------------------------------
     // One block per (b*h, query tile), in a 1-D grid ordered head-major: the blocks that run side by side
     // share a head, so its K and V come from L2 rather than DRAM. Query tiles go last to first, so that
     // under a causal mask the longest tiles of a head start first.
@@ -419,6 +435,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const u16* vh = v + k_base;
     const int diag = Tk - Tq;  // query i sees keys j <= i + diag
 
+    // ---- Q, and the first K/V tile, in flight; the running state of each row in registers ----------------
     // Keys this block needs: all of them, or (causal) up to the last visible key of its last real row.
     int kv_end = Tk;
     if (causal) kv_end = min(Tk, min(q0 + BR, Tq) + diag);
@@ -450,6 +467,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const u32 k_lane = 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
     const u32 v_lane = 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
 
+    // ---- the K/V loop: one barrier per tile; the next tile streams in while this one is computed ----------
     for (int j = 0; j < n_tiles; ++j) {
         const int stage = j & 1;
         cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
@@ -472,6 +490,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
 
         warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
     }
+    // ---- the end: normalise and store ------------------------------------------------------------------------
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
 
     store_output<D, MT, BF16>(o + q_base, lse, (long long)bh * Tq, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d);

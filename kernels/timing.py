@@ -112,14 +112,19 @@ def _elapsed(start, end) -> float:
     return cp.cuda.get_elapsed_time(start, end)
 
 
-def benchmark(fn, *, batch: int = 20, batches: int = 5, calls: int = 10, warmup: int = 3,
+BATCH_GPU_MS = 25.0  # a batch of the default size holds about this much GPU work (3 to 20 calls)
+
+
+def benchmark(fn, *, batch: int | None = None, batches: int = 5, calls: int = 10, warmup: int = 3,
               flush_l2: bool = False) -> Timing:
     """Kernel time and call time of fn() (see the module docstring); flush_l2 adds a cold-L2 kernel time.
+
+    batch: calls per kernel-time batch; by default about BATCH_GPU_MS of work, from 3 calls (long kernels) to 20.
 
     fn must launch its GPU work on CuPy's current stream (by default the legacy default stream, which is
     also torch's default): the events and the hold kernel go there.
     """
-    if min(batch, batches, calls) < 1:
+    if (batch is not None and batch < 1) or batches < 1 or calls < 1:
         raise ValueError(f"batch, batches and calls must be >= 1; got {batch}, {batches}, {calls}")
     stream = cp.cuda.get_current_stream()
     for _ in range(warmup):
@@ -140,6 +145,8 @@ def benchmark(fn, *, batch: int = 20, batches: int = 5, calls: int = 10, warmup:
         end.synchronize()
         call.append(_elapsed(start, end))
     host_ns = statistics.median(host) * 1e9
+    if batch is None:
+        batch = int(min(max(BATCH_GPU_MS / max(statistics.median(call), 1e-3), 3), 20))
 
     # Kernel time: batches of back-to-back calls queued behind a hold kernel. If queueing a batch took
     # nearly as long as the hold, the GPU may have waited for the host: hold longer and measure again
