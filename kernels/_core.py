@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import operator
 import os
 import re
 import shutil
@@ -265,9 +266,8 @@ class Kernel:
         self._raw: dict = {}  # device id -> cupy.RawKernel (its attributes: num_regs, ...)
 
     def _configure(self, dev: int):
+        check_shared_memory(self.shared_mem, f"{self.filename}:{self.name}", dev)  # before compiling anything
         raw = load_module(self.filename, self.name_expressions, self.defines).get_function(self.name)
-        what = f"{self.filename}:{self.name}"
-        check_shared_memory(self.shared_mem, what, dev)
         if self.shared_mem > DEFAULT_SHARED_LIMIT:  # above the default limit a kernel must ask explicitly
             raw.max_dynamic_shared_size_bytes = self.shared_mem
         if self.carveout is not None:
@@ -359,6 +359,14 @@ def kernel_steps(filename: str, name: str) -> list[tuple[str, str]]:
     return steps
 
 
+# Arguments that launchers pass on every call, made once (a NumPy scalar costs a fraction of a microsecond to build).
+NULL = np.uintp(0)  # a null pointer argument
+I32 = (np.int32(0), np.int32(1))  # I32[bool(flag)]: a 0/1 flag argument
+DTYPE_NAMES = {np.dtype(n): n for n in ("float16", "float32", "float64", "int32")}
+if ml_dtypes is not None:
+    DTYPE_NAMES[np.dtype("bfloat16")] = "bfloat16"
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -382,35 +390,58 @@ def check_alignment(what: str, align: int, **arrays) -> None:
 # Input validation for the launcher contract (CONTRIBUTING.md, "The launcher contract").
 # ---------------------------------------------------------------------------------------------
 
+class DtypeSet(frozenset):
+    """The NumPy dtypes a kernel takes, for a fast `x.dtype in ...`, remembering the order they were named in."""
+    names: tuple = ()
+
+
 @functools.lru_cache(maxsize=None)
-def _dtypes(names: tuple) -> frozenset:
-    return frozenset(np.dtype(n) for n in names)
+def dtype_set(names: tuple) -> DtypeSet:
+    """The DtypeSet of the dtypes named (what validate_attention and check_array compare a dtype against)."""
+    result = DtypeSet(np.dtype(n) for n in names)
+    result.names = tuple(np.dtype(n).name for n in names)
+    return result
 
 
-def _dtype_list(names: tuple) -> str:
-    return ", ".join(np.dtype(n).name for n in names)
+def _dtype_list(dtypes) -> str:
+    return ", ".join(getattr(dtypes, "names", ()) or sorted(np.dtype(n).name for n in dtypes))
+
+
+# A CuPy array knows whether it is C-contiguous; `_c_contiguous` reads that flag without building the
+# `flags` object (about half a microsecond per array on the launch path). Fall back where a CuPy lacks it.
+if cp is not None and hasattr(cp.ndarray, "_c_contiguous"):
+    _c_contiguous = operator.attrgetter("_c_contiguous")
+else:  # pragma: no cover
+    def _c_contiguous(x):
+        return x.flags.c_contiguous
+
+
+def _array_problem(x, name: str, dtypes, ndim, dev: int):
+    """The exception for an argument that is not a C-contiguous CuPy array of `dtypes` on device `dev`, or None."""
+    if not isinstance(x, cp.ndarray):
+        return TypeError(f"{name} must be a cupy.ndarray on the GPU; got {type(x).__module__}.{type(x).__name__} "
+                         f"(move it with cupy.asarray({name}))")
+    if x.dtype not in dtypes:
+        return TypeError(f"{name} has dtype {x.dtype.name}; this kernel takes {_dtype_list(dtypes)}")
+    if ndim is not None and x.ndim != ndim:
+        return ValueError(f"{name} must be {ndim}-D; got shape {x.shape}")
+    if not _c_contiguous(x):
+        return ValueError(f"{name} must be C-contiguous; got a strided view with shape {x.shape} and strides "
+                          f"{x.strides} (use cupy.ascontiguousarray({name}))")
+    if x.data.device_id != dev:
+        return ValueError(f"{name} is on device {x.data.device_id}, but the current device is {dev}")
+    return None
 
 
 def check_array(x, name: str, *, dtypes, ndim: int | None = None, dev: int | None = None) -> None:
-    """x must be a C-contiguous CuPy array of one of `dtypes` (names) on the current device."""
+    """x must be a C-contiguous CuPy array of one of `dtypes` (names or a dtype_set) on the current device."""
     if dev is None:
         dev = current_device()
-    if not isinstance(x, cp.ndarray):
-        raise TypeError(
-            f"{name} must be a cupy.ndarray on the GPU; got {type(x).__module__}.{type(x).__name__} "
-            f"(move it with cupy.asarray({name}))"
-        )
-    if x.dtype not in _dtypes(tuple(dtypes)):
-        raise TypeError(f"{name} has dtype {x.dtype.name}; this kernel takes {_dtype_list(tuple(dtypes))}")
-    if ndim is not None and x.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D; got shape {x.shape}")
-    if not x.flags.c_contiguous:
-        raise ValueError(
-            f"{name} must be C-contiguous; got a strided view with shape {x.shape} and strides "
-            f"{x.strides} (use cupy.ascontiguousarray({name}))"
-        )
-    if x.data.device_id != dev:
-        raise ValueError(f"{name} is on device {x.data.device_id}, but the current device is {dev}")
+    if not isinstance(dtypes, frozenset):
+        dtypes = dtype_set(tuple(dtypes))
+    problem = _array_problem(x, name, dtypes, ndim, dev)
+    if problem is not None:
+        raise problem
 
 
 def validate_attention(q, k, v, *, dtypes, max_d: int, min_cc=DEFAULT_MIN_CC, what: str,
@@ -419,11 +450,22 @@ def validate_attention(q, k, v, *, dtypes, max_d: int, min_cc=DEFAULT_MIN_CC, wh
 
     Raises TypeError / ValueError naming the argument, its value and the limit, and
     UnsupportedDeviceError when the GPU is too old for the kernel. `align` > 0 also requires each base
-    address to be a multiple of `align` bytes.
+    address to be a multiple of `align` bytes. `dtypes` may be names or a dtype_set (faster).
+
+    This runs on every call, so the common case is a handful of attribute reads and comparisons; the
+    messages are only built when something is wrong.
     """
-    dev = current_device()
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_array(x, name, dtypes=dtypes, ndim=4, dev=dev)
+    dev = cp.cuda.runtime.getDevice() if _GPU_OK else current_device()
+    if not isinstance(dtypes, frozenset):
+        dtypes = dtype_set(tuple(dtypes))
+    ndarray = cp.ndarray
+    for x in (q, k, v):
+        if (not isinstance(x, ndarray) or x.dtype not in dtypes or x.ndim != 4 or not _c_contiguous(x)
+                or x.data.device_id != dev):
+            for name, y in (("q", q), ("k", k), ("v", v)):
+                problem = _array_problem(y, name, dtypes, 4, dev)
+                if problem is not None:
+                    raise problem
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
@@ -442,7 +484,7 @@ def validate_attention(q, k, v, *, dtypes, max_d: int, min_cc=DEFAULT_MIN_CC, wh
         name = "q" if q.size > INT32_MAX else "k"
         raise ValueError(f"{name} has {max(q.size, k.size)} elements; {what} indexes with 32-bit integers "
                          f"(<= {INT32_MAX})")
-    if align:
+    if align and (q.data.ptr % align or k.data.ptr % align or v.data.ptr % align):
         check_alignment(what, align, q=q, k=k, v=v)
     if scale is None:
         scale = 1.0 / math.sqrt(d)

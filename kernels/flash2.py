@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import MAX_GRID_X, MAX_GRID_YZ, ceil_div, check_grid, cp, defines_from, get_kernel, validate_attention
+from ._core import (I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
+                    validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2.cu"
@@ -28,6 +29,7 @@ SMEM_PAD = 4  # floats of padding per shared-memory row; handed to the kernel as
 DEFINES = defines_from(SMEM_PAD=SMEM_PAD)
 LOG2E = 1.0 / math.log(2.0)
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shared memory (a hint to the driver)
+DTYPE_SET = dtype_set(("float32",))
 
 
 class Flash2Tile(NamedTuple):
@@ -69,7 +71,7 @@ class Flash2Tile(NamedTuple):
         if BC % 32:
             problems.append(f"BC={BC} must be a multiple of 32")
         if problems:
-            raise ValueError(f"tile {self} for D={D}: " + "; ".join(problems))
+            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
 # The default tile per D, chosen by a sweep on an H100 at B=8, H=12, T=1024, causal (notebook 04 shows it).
@@ -108,16 +110,18 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     tile: optional Flash2Tile (or (BR, BC, TM, TN)) instead of TILES[D] (for experiments; checked like the
     static_asserts).
     """
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, what=WHAT, scale=scale)
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, what=WHAT, scale=scale)
     kernel, tile, smem = build(BUILD_FOR[d], None if tile is None else tuple(tile))
-    grid_y = check_grid(ceil_div(Tq, tile.BR), WHAT, MAX_GRID_YZ, "y")
-    check_grid(B * H, WHAT, MAX_GRID_X)
+    grid_y = ceil_div(Tq, tile.BR)
+    if grid_y > MAX_GRID_YZ or B * H > MAX_GRID_X:
+        check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
+        check_grid(B * H, WHAT, MAX_GRID_X)
     o = cp.empty((B, H, Tq, d), dtype=cp.float32)
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     vec4 = d % 4 == 0 and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr) % 16
     kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, np.uintp(0) if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
-            np.float32(scale * LOG2E), np.int32(bool(causal)), np.int32(vec4)),
+           (q, k, v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
+            np.float32(scale * LOG2E), I32[bool(causal)], I32[bool(vec4)]),
            smem)
     return (o, lse) if return_lse else o
 

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (MAX_GRID_X, ceil_div, check_grid, cp, defines_from, get_kernel, validate_attention)
+from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
+                    validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
@@ -31,6 +32,7 @@ DEFINES = defines_from(SMEM_PAD=SMEM_PAD)
 ALIGN = 16  # bytes: cp.async and the 4-byte output stores need 16-byte aligned bases
 LOG2E = 1.0 / math.log(2.0)
 DTYPES = ("float16", "bfloat16")
+DTYPE_SET = dtype_set(DTYPES)
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shared memory (a hint to the driver)
 
 
@@ -67,7 +69,7 @@ class MmaTile(NamedTuple):
         if self.MIN_BLOCKS < 1:
             problems.append(f"MIN_BLOCKS={self.MIN_BLOCKS} must be >= 1")
         if problems:
-            raise ValueError(f"tile {self} for D={D}: " + "; ".join(problems))
+            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
 # The default tile per D. Swept on an H100 at B=4, H=32, T=4096 (fp16): at D=64, MmaTile(64, 4, 2, 3) caps the
@@ -92,16 +94,25 @@ def name_expression(D: int, tile: MmaTile, dtype: str) -> str:
 NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES]
 
 
+class Build(NamedTuple):
+    """One compiled configuration, with the numbers its launch needs worked out once."""
+    kernel: object  # kernels._core.Kernel
+    tile: MmaTile
+    smem: int  # dynamic shared memory per block, bytes
+    rows: int  # BR
+    threads: int
+
+
 @functools.lru_cache(maxsize=None)
-def build(D: int, tile: tuple | None, dtype: str):
-    """(Kernel, MmaTile, shared-memory bytes) of one build; checked once, compiled on its first launch."""
+def build(D: int, tile: tuple | None, dtype: str) -> Build:
+    """The Build of (D, tile, dtype): the tile checked once, the kernel compiled on its first launch."""
     tile = TILES[D] if tile is None else MmaTile(*tile)
     tile.check(D)
     expr = name_expression(D, tile, dtype)
     smem = tile.smem_bytes(D)
     kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=DEFINES, shared_mem=smem,
                         carveout=CARVEOUT_MAX_SHARED)
-    return kernel, tile, smem
+    return Build(kernel, tile, smem, tile.rows, tile.threads)
 
 
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=True):
@@ -110,19 +121,20 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, h
     tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS]) tuple) instead of TILES[D] (notebook 06's sweep).
     head_major: False orders the grid with heads fastest instead (to measure what the order is worth).
     """
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPES, max_d=MAX_D, d_multiple=D_MULTIPLE,
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
                                                 what=WHAT, scale=scale, align=ALIGN)
     if not scale > 0:
         raise ValueError(f"scale must be > 0 for flash2_mma (the kernel folds it into exp2 after the row max); "
                          f"got {scale}")
-    D = BUILD_FOR[d]
-    kernel, tile, smem = build(D, None if tile is None else tuple(tile), q.dtype.name)
-    blocks = check_grid(B * H * ceil_div(Tq, tile.rows), WHAT, MAX_GRID_X)
+    kernel, _, smem, rows, threads = build(BUILD_FOR[d], None if tile is None else tuple(tile), DTYPE_NAMES[q.dtype])
+    blocks = B * H * ceil_div(Tq, rows)
+    if blocks > MAX_GRID_X:
+        check_grid(blocks, WHAT, MAX_GRID_X)
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
-    kernel((blocks,), (tile.threads,),
-           (q, k, v, o, np.uintp(0) if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
-            np.float32(scale * LOG2E), np.int32(bool(causal)), np.int32(bool(head_major))),
+    kernel((blocks,), (threads,),
+           (q, k, v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
+            np.float32(scale * LOG2E), I32[bool(causal)], I32[bool(head_major)]),
            smem)
     return (o, lse) if return_lse else o
 

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (MAX_GRID_X, MAX_GRID_YZ, ceil_div, check_grid, cp, cuda_header_options, defines_from,
-                    get_kernel, validate_attention)
+from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, cuda_header_options,
+                    defines_from, dtype_set, get_kernel, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_wmma.cu"
@@ -34,6 +34,7 @@ ALIGN = 16  # bytes: q, k, v are read, and o written, in 16-byte vectors
 LOG2E = 1.0 / math.log(2.0)
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shared memory (a hint to the driver)
 CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}  # NumPy dtype name -> the kernel's T
+DTYPE_SET = dtype_set(tuple(CTYPES))
 
 
 def defines() -> tuple:
@@ -70,7 +71,7 @@ class WmmaTile(NamedTuple):
         elif self.threads > 1024:
             problems.append(f"BR={BR} gives {self.threads} threads; at most 1024 (BR <= 512)")
         if problems:
-            raise ValueError(f"tile {self} for D={D}: " + "; ".join(problems))
+            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
 # The default tile per D, chosen by a sweep on an H100 (fp16, B=4, H=32, T in {1024, 4096}, causal and not, next
@@ -110,16 +111,18 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     q: (B, H, Tq, d), k and v: (B, H, Tk, d), one dtype (float16 or bfloat16), C-contiguous, 16-byte aligned.
     tile: optional WmmaTile (or (BR, BC)) instead of TILES[D] (for experiments; checked like the static_asserts).
     """
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=tuple(CTYPES), max_d=MAX_D, what=WHAT,
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, what=WHAT,
                                                 d_multiple=D_MULTIPLE, scale=scale, align=ALIGN)
-    kernel, tile, smem = build(q.dtype.name, BUILD_FOR[d], None if tile is None else tuple(tile))
-    grid_y = check_grid(ceil_div(Tq, tile.BR), WHAT, MAX_GRID_YZ, "y")
-    check_grid(B * H, WHAT, MAX_GRID_X)
+    kernel, tile, smem = build(DTYPE_NAMES[q.dtype], BUILD_FOR[d], None if tile is None else tuple(tile))
+    grid_y = ceil_div(Tq, tile.BR)
+    if grid_y > MAX_GRID_YZ or B * H > MAX_GRID_X:
+        check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
+        check_grid(B * H, WHAT, MAX_GRID_X)
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, np.uintp(0) if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
-            np.float32(scale * LOG2E), np.int32(bool(causal))),
+           (q, k, v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
+            np.float32(scale * LOG2E), I32[bool(causal)]),
            smem)
     return (o, lse) if return_lse else o
 

@@ -147,12 +147,14 @@ def test_batched_matmul(gpu, poison, dtype):
     assert kernels.check(c, a.astype(np.float64) @ b.astype(np.float64), dtype).ok
 
 
-def test_matmul_vs_gemmex_demo_runs(gpu):
-    rows = CH.matmul_vs_gemmex_demo(batch=2, shapes=((64, 32, 48),), runs=2)
+def test_matmul_vs_gemmex_runs(gpu):
+    from kernels.bench import matmul_vs_gemmex
+
+    rows = matmul_vs_gemmex(batch=2, shapes=((64, 32, 48),))
     assert [r["path"] for r in rows] == ["cupy.matmul", "cublasGemmStridedBatchedEx"]
-    assert all(r["ms"] > 0 and r["rel diff"] < 2e-3 for r in rows)
-    rows = CH.matmul_vs_gemmex_demo(batch=2, shapes=((64, 32, 48),), dtype="bfloat16", runs=2)
-    assert rows[-1]["path"] == "cublasGemmStridedBatchedEx" and rows[-1]["ms"] > 0  # cupy.matmul may refuse bf16
+    assert all(r["kernel ms"] > 0 and r["call ms"] > 0 and r["rel diff"] < 2e-3 for r in rows)
+    rows = matmul_vs_gemmex(batch=2, shapes=((64, 32, 48),), dtype="bfloat16")
+    assert rows[-1]["path"] == "cublasGemmStridedBatchedEx" and rows[-1]["kernel ms"] > 0  # cupy.matmul may refuse bf16
 
 
 # ---- bad input gets a clear error ------------------------------------------------------------------------

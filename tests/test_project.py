@@ -130,3 +130,9 @@ def test_readme_states_the_test_command_that_ci_runs():
     assert m, "README.md must show the test command in a block after <!-- test-command -->"
     command = m.group(1).strip()
     assert command in ci, f".ci/run does not run the README's test command: {command!r}"
+
+
+def test_cuda12_requirements_differ_only_in_the_cuda_builds():
+    main = _pip_names(ROOT / "requirements.txt")
+    cuda12 = _pip_names(ROOT / "requirements-cuda12.txt")
+    assert main - {"cupy-cuda13x"} == cuda12 - {"cupy-cuda12x"}, (sorted(main), sorted(cuda12))
