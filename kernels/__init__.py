@@ -15,6 +15,7 @@ from ._core import (
     gpu_name,
     gpu_unavailable_reason,
     kernel_source,
+    kernel_steps,
     load_module,
 )
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
@@ -34,6 +35,6 @@ __all__ = [
     "REGISTRY", "Variant", "register",
     "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
     "benchmark", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
-    "kernel_source", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
+    "kernel_source", "kernel_steps", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
     "device_info", "GPUNotAvailableError", "UnsupportedDeviceError",
 ]

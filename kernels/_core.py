@@ -363,6 +363,18 @@ def kernel_steps(filename: str, name: str) -> list[tuple[str, str]]:
 NULL = np.uintp(0)  # a null pointer argument
 I32 = (np.int32(0), np.int32(1))  # I32[bool(flag)]: a 0/1 flag argument
 DTYPE_NAMES = {np.dtype(n): n for n in ("float16", "float32", "float64", "int32")}
+_SCALARS: dict = {}  # (numpy type, value) -> the NumPy scalar; sizes and scales repeat from call to call
+
+
+def scalar(kind, value):
+    """kind(value) as a NumPy scalar (np.int32, np.float32, ...), made once per value and reused."""
+    key = (kind, value)
+    x = _SCALARS.get(key)
+    if x is None:
+        if len(_SCALARS) > 4096:
+            _SCALARS.clear()
+        x = _SCALARS[key] = kind(value)
+    return x
 if ml_dtypes is not None:
     DTYPE_NAMES[np.dtype("bfloat16")] = "bfloat16"
 

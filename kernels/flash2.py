@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._core import (I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
-                    validate_attention)
+                    scalar, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2.cu"
@@ -120,8 +120,8 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     vec4 = d % 4 == 0 and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr) % 16
     kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
-            np.float32(scale * LOG2E), I32[bool(causal)], I32[bool(vec4)]),
+           (q, k, v, o, NULL if lse is None else lse, scalar(np.int32, Tq), scalar(np.int32, Tk), scalar(np.int32, d),
+            scalar(np.float32, scale * LOG2E), I32[bool(causal)], I32[bool(vec4)]),
            smem)
     return (o, lse) if return_lse else o
 

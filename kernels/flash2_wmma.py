@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, cuda_header_options,
-                    defines_from, dtype_set, get_kernel, validate_attention)
+                    defines_from, dtype_set, get_kernel, scalar, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_wmma.cu"
@@ -121,8 +121,8 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(d),
-            np.float32(scale * LOG2E), I32[bool(causal)]),
+           (q, k, v, o, NULL if lse is None else lse, scalar(np.int32, Tq), scalar(np.int32, Tk), scalar(np.int32, d),
+            scalar(np.float32, scale * LOG2E), I32[bool(causal)]),
            smem)
     return (o, lse) if return_lse else o
 
