@@ -246,7 +246,7 @@ def launcher_overhead(variants=None, log=print) -> list[dict]:
     rows = []
     cases = [(n, dt) for n in (variants or sorted(REGISTRY)) for dt in REGISTRY[n].dtypes[:1]]
     cases += [("torch sdpa", "float16"), ("torch sdpa", "float32")]
-    for name, dtype in cases:
+    for name, dtype in cases:  # each measured as the best of 5 runs of 200 calls (host_overhead_us)
         q, k, v = _inputs(B, H, T, d, dtype, seed=4)
         try:
             fn = _sdpa_default(q, k, v) if name == "torch sdpa" else \

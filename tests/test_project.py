@@ -136,3 +136,13 @@ def test_cuda12_requirements_differ_only_in_the_cuda_builds():
     main = _pip_names(ROOT / "requirements.txt")
     cuda12 = _pip_names(ROOT / "requirements-cuda12.txt")
     assert main - {"cupy-cuda13x"} == cuda12 - {"cupy-cuda12x"}, (sorted(main), sorted(cuda12))
+
+
+def test_constraints_pin_only_what_the_course_installs():
+    pinned = _pip_names(ROOT / "constraints.txt")
+    known = _pip_names(ROOT / "requirements.txt") | _pip_names(ROOT / "requirements-test.txt") | {
+        "nbformat", "nbconvert", "jupyter_client", "jupyter_core"}  # what nbval and nbclient bring
+    assert pinned <= known, f"constraints.txt pins packages the course does not install: {sorted(pinned - known)}"
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        assert not line or "==" in line, f"constraints.txt must pin exact versions: {line!r}"
