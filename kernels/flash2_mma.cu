@@ -235,7 +235,7 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
 // The steps of one K/V tile, as one warp sees them. Each works on the warp's own registers: S (acc_s),
 // O (acc_o) and the running row state (row_max, row_sum); only K and V come from shared memory.
 // They are force-inlined, so the kernel compiles as if it were written out in one piece: split this way, the
-// default builds have the same instruction count, registers and spills as the single-body kernel had.
+// default builds have the same instruction count and spills as the single-body kernel had, and registers within 2
 // ---------------------------------------------------------------------------------------------------------
 
 // S = Q K^T for this warp's 16*MT rows against the tile's BC keys: (16MT x D) x (D x BC), float32 accumulators.
