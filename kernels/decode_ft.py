@@ -86,8 +86,10 @@ def max_cache_len(dev: int | None = None) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(d: int, dtype: str, tpk: int, ft_layout: bool, smem_limit: int):
-    expr = name_expression(d, dtype, tpk, ft_layout)
-    return get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=DEFINES, shared_mem=smem_limit)
+    """The Kernel of one build; the first launch compiles both key layouts of (d, dtype, tpk) in one NVRTC program."""
+    exprs = (name_expression(d, dtype, tpk, False), name_expression(d, dtype, tpk, True))
+    return get_kernel(KERNEL_FILE, exprs[int(ft_layout)], name_expressions=exprs, defines=DEFINES,
+                      shared_mem=smem_limit)
 
 
 def kernel_for(d: int, dtype: str, threads_per_key: int = DEFAULT_TPK, ft_layout: bool = False):

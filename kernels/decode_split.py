@@ -97,10 +97,11 @@ NVRTC_BUILDS = [(tuple([name_expression(D, RB, dt) for D in HEAD_DIMS for RB in 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(D: int, RB: int, dtype: str):
-    """(split kernel, combine kernel) of one build; compiled on first launch."""
-    exprs = (name_expression(D, RB, dtype), combine_expression(D, dtype))
-    split = get_kernel(KERNEL_FILE, exprs[0], name_expressions=exprs, defines=DEFINES)
-    combine = get_kernel(KERNEL_FILE, exprs[1], name_expressions=exprs, defines=DEFINES)
+    """(split kernel, combine kernel) of one build. The first launch compiles every row build of (D, dtype) and its
+    combine in one NVRTC program (one compile instead of five)."""
+    exprs = tuple(name_expression(D, rb, dtype) for rb in ROW_BUILDS) + (combine_expression(D, dtype),)
+    split = get_kernel(KERNEL_FILE, name_expression(D, RB, dtype), name_expressions=exprs, defines=DEFINES)
+    combine = get_kernel(KERNEL_FILE, exprs[-1], name_expressions=exprs, defines=DEFINES)
     return split, combine
 
 
