@@ -69,6 +69,7 @@ ROWS_MAX = max(ROW_BUILDS)
 # The split heuristic's fixed cost of a split, in keys: starting a block, writing its float32 partial and reading it
 # back in the combine cost about as much as streaming this many keys (see choose_num_splits).
 SPLIT_OVERHEAD_KEYS = 64
+SPLIT_TOLERANCE = 0.1  # take the fewest splits within 10% of the model's best (see choose_num_splits)
 DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy cannot be read
 
 
@@ -122,8 +123,8 @@ def blocks_per_sm(D: int, RB: int, dtype: str, dev: int) -> int:
 
 
 def choose_num_splits(blocks: int, n_keys: int, slots: int, *, tile: int, max_splits: int = MAX_SPLITS,
-                      overhead_keys: int = SPLIT_OVERHEAD_KEYS) -> int:
-    """The number of splits S that minimises the modelled time  waves(S) * (keys(S) + overhead_keys):
+                      overhead_keys: int = SPLIT_OVERHEAD_KEYS, tolerance: float = SPLIT_TOLERANCE) -> int:
+    """The number of splits S, from a model of the time  cost(S) = waves(S) * (keys(S) + overhead_keys):
 
     blocks   blocks of one split (B * Hkv * row chunks);  slots  blocks the GPU runs at once (SMs * blocks per SM)
     waves(S) = ceil(blocks * S / slots): how many rounds of blocks the launch takes
@@ -131,22 +132,20 @@ def choose_num_splits(blocks: int, n_keys: int, slots: int, *, tile: int, max_sp
 
     A block's time grows with the keys it reads plus a fixed cost per split (overhead_keys: starting the block,
     its float32 partial written and read back by the combine). More splits shorten every block but add waves
-    once blocks * S passes the slots. S is at most max_splits and at most ceil(n_keys / tile) (no empty splits
-    at full length); ties go to the smaller S. notebooks/08 derives and plots this.
+    once blocks * S passes the slots. The answer is the smallest S whose cost is within `tolerance` of the
+    cheapest: the model's wave arithmetic can favour many splits by a percent or two (a last wave a little
+    fuller), a gain smaller than what the model leaves out (the combine's launch). S is at most max_splits and
+    at most ceil(n_keys / tile), so a full-length sequence has no empty split. notebooks/08 derives and plots this.
     """
     if blocks < 1 or slots < 1 or tile < 1:
         raise ValueError(f"blocks, slots and tile must be >= 1; got {blocks}, {slots}, {tile}")
     if n_keys <= tile:
         return 1
     s_max = max(1, min(max_splits, ceil_div(n_keys, tile)))
-    best, best_cost = 1, None
-    for s in range(1, s_max + 1):
-        waves = ceil_div(blocks * s, slots)
-        keys = ceil_div(ceil_div(n_keys, s), tile) * tile
-        cost = waves * (keys + overhead_keys)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return best
+    costs = [ceil_div(blocks * s, slots) * (ceil_div(ceil_div(n_keys, s), tile) * tile + overhead_keys)
+             for s in range(1, s_max + 1)]
+    bound = min(costs) * (1.0 + tolerance)
+    return next(s for s, cost in enumerate(costs, start=1) if cost <= bound)
 
 
 @functools.lru_cache(maxsize=4096)
