@@ -15,7 +15,7 @@
 //                  decode_combine merges the partials by log-sum-exp. One block serves all G * Tq query rows of
 //                  its KV head, so each byte of K and V is read from memory once, not G times.
 //
-// Algorithm of decode_split_kv (one block = NWARPS warps; KT keys per step)
+// Algorithm of decode_split_kv: one block = NWARPS warps, KT keys per step
 //   Lane layout: TPK = D / 8 lanes share one key (each holds one 16-byte chunk, 8 elements, of it); a warp holds
 //   GPW = 32 / TPK keys at once; a step covers KT = UNROLL * NWARPS * GPW consecutive keys, key
 //   t0 + (u * NWARPS + warp) * GPW + lane / TPK for u < UNROLL, so the GPW keys of one warp load are adjacent
@@ -31,7 +31,7 @@
 //     merge the GPW key groups of a warp (shuffles), then the NWARPS warps (shared memory), by log-sum-exp
 //     num_splits = 1: write o (16-bit) and lse;  else: write the partial o (float32, normalised) and lse
 //
-//   decode_combine (one warp per query row): lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s.
+//   decode_combine, one warp per query row: lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s.
 //
 // Why plain vector loads and not cp.async: nothing is staged in shared memory (each key is used by the lanes that
 //   load it, straight from registers), so cp.async would only add a trip through shared memory; what it offers,
