@@ -19,7 +19,7 @@ from ._core import (
     load_module,
 )
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
-from .registry import REGISTRY, Variant, register
+from .registry import DECODE_REGISTRY, REGISTRY, DecodeVariant, Variant, register, register_decode
 from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table, host_overhead_us
 
 # Every launcher module: importing one registers its attention variants. tests/test_project.py fails when a
@@ -29,10 +29,13 @@ from . import cublas_attention, flash1, flash2  # noqa: E402,F401
 from . import cublas_half  # noqa: E402,F401
 from . import flash2_mma  # noqa: E402,F401
 from . import flash2_wmma  # noqa: E402,F401
+from . import decode_ft  # noqa: E402,F401
+from . import decode_split  # noqa: E402,F401
+from . import decode_append  # noqa: E402,F401
 from . import timing  # noqa: E402,F401  (timing.cu: the hold and L2-flush kernels of the timing helper)
 
 __all__ = [
-    "REGISTRY", "Variant", "register",
+    "REGISTRY", "Variant", "register", "DECODE_REGISTRY", "DecodeVariant", "register_decode",
     "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
     "benchmark", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
     "kernel_source", "kernel_steps", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",

@@ -41,3 +41,41 @@ def register(variant: Variant) -> Variant:
         raise ValueError(f"attention variant {variant.name!r} is registered twice")
     REGISTRY[variant.name] = variant
     return variant
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoding kernels: decode(q, k_cache, v_cache, seqlens_k, *, scale, block_table, num_splits, return_lse,
+# check_indices) over a KV cache of per-sequence lengths (reference/decode.py states the contract). A separate
+# registry, because the call is not forward(q, k, v): tests/test_decode_gpu.py runs one grid over all of them.
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeVariant:
+    name: str  # short unique name, e.g. "decode_split"
+    decode: Callable  # decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None,
+    #                          return_lse=False, check_indices=False) -> o, or (o, lse)
+    dtypes: tuple  # input dtypes it accepts
+    notebook: str  # the notebook that teaches it
+    head_dims: tuple  # the head dimensions d it accepts
+    max_tq: int  # the most query rows per sequence (Tq) it accepts
+    paged: bool = False  # accepts block_table (a paged cache)
+    page_sizes: tuple = ()  # the page sizes it accepts, where paged
+    splits: bool = False  # honours num_splits > 1 (split-KV)
+    min_cc: tuple = DEFAULT_MIN_CC
+    description: str = ""
+    module: str = ""  # the launcher module that registered it (kernels.<name>)
+
+    def tolerance_class(self, dtype) -> str:
+        import numpy as np
+
+        return np.dtype(dtype).name
+
+
+DECODE_REGISTRY: dict[str, DecodeVariant] = {}
+
+
+def register_decode(variant: DecodeVariant) -> DecodeVariant:
+    if variant.name in DECODE_REGISTRY:
+        raise ValueError(f"decoding variant {variant.name!r} is registered twice")
+    DECODE_REGISTRY[variant.name] = variant
+    return variant

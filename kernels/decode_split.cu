@@ -1,0 +1,424 @@
+// decode_split.cu -- split-KV ("flash-decoding") attention over a KV cache: every SM busy even at batch 1.
+//
+// What it computes
+//   For each sequence b, KV head hk and each of the R = G * Tq query rows that read hk (G = Hq / Hkv query heads,
+//   Tq new rows each): o = softmax(scale * q K^T) V over the sequence's own L_b keys, with bottom-right causal
+//   masking (query i sees key j when j <= i + L_b - Tq), and lse = log sum exp (natural log). float16 or
+//   bfloat16 in and out, float32 arithmetic. A row that sees no key gives o = 0, lse = -inf.
+//   reference/decode.py is the float64 statement of the same contract.
+//
+// Where it sits in the course
+//   decode_ft.cu   FasterTransformer's design: one block per query row walks the whole cache. At batch 1 with 32
+//                  heads that is 32 blocks for 132 SMs, and the logits of the row sit in shared memory.
+//   this file      the keys of each sequence are cut into num_splits ranges; one block per (range, KV head,
+//                  sequence) computes a partial o and lse with an online softmax (nothing sized by L), and
+//                  decode_combine merges the partials by log-sum-exp. One block serves all G * Tq query rows of
+//                  its KV head, so each byte of K and V is read from memory once, not G times.
+//
+// Algorithm of decode_split_kv: one block = NWARPS warps, KT keys per step
+//   Lane layout: TPK = D / 8 lanes share one key (each holds one 16-byte chunk, 8 elements, of it); a warp holds
+//   GPW = 32 / TPK keys at once; a step covers KT = UNROLL * NWARPS * GPW consecutive keys, key
+//   t0 + (u * NWARPS + warp) * GPW + lane / TPK for u < UNROLL, so the GPW keys of one warp load are adjacent
+//   (512 contiguous bytes per warp instruction, pages included: a page holds >= 16 keys).
+//
+//     q rows -> registers: chunk lane % TPK of each of the block's RB rows, times scale * log2(e)
+//     m = -inf, l = 0, acc = 0 per row (each lane: its 8 columns)
+//     for each step of KT keys in [split start, split end):
+//         issue the 2 * UNROLL 16-byte loads of K and V (a paged key first looks up its page)
+//         s = q . k: 8 FMAs per lane per row, then a butterfly of log2(TPK) shuffles (every lane of a key gets s)
+//         mask keys past the split, past the row's causal limit, on a page outside [0, num_pages)
+//         online softmax over the UNROLL keys of the lane: m' = max(m, max s), acc = acc 2^(m - m') + sum 2^(s - m') v
+//     merge the GPW key groups of a warp (shuffles), then the NWARPS warps (shared memory), by log-sum-exp
+//     num_splits = 1: write o (16-bit) and lse;  else: write the partial o (float32, normalised) and lse
+//
+//   decode_combine, one warp per query row: lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s.
+//
+// Why plain vector loads and not cp.async: nothing is staged in shared memory (each key is used by the lanes that
+//   load it, straight from registers), so cp.async would only add a trip through shared memory; what it offers,
+//   many bytes in flight per thread, comes here from issuing all 2 * UNROLL loads of a step before using any.
+//
+// Layouts (all C-contiguous; element indices are 64-bit)
+//   q (B, Hq, Tq, D), o (B, Hq, Tq, D), lse (B, Hq, Tq); query head hq reads KV head hq / G.
+//   contiguous cache: k, v (B, Hkv, Tmax, D); key j of b is row (b * Hkv + hk) * Tmax + j.
+//   paged cache: k, v (num_pages, Hkv, P, D), P = 2^page_shift in 16..256; block_table (B, max_pages) int32;
+//     key j of b is row (page * Hkv + hk) * P + j % P with page = block_table[b, j / P].
+//   partials: o_part (B, Hq, Tq, S, D) float32, lse_part (B, Hq, Tq, S) float32 (S = num_splits).
+//   Row r of a block is row rc * RB + r of its KV head: query head hk * G + r / Tq, query row r % Tq.
+//
+// Launch configuration (kernels/decode_split.py)
+//   decode_split_kv: grid = (S * RC, Hkv, B) with RC = ceil(G * Tq / RB) row chunks, blockIdx.x = split * RC + rc
+//                    (the RC blocks that read the same keys run side by side, so repeats come from L2);
+//                    block = NWARPS * 32 threads; static shared memory NWARPS * RB * (D + 2) floats.
+//   decode_combine:  grid = ceil(B * Hq * Tq / COMBINE_WARPS), block = COMBINE_WARPS * 32; only when S > 1.
+//   Split s of sequence b covers keys [s * c, min((s + 1) * c, L_b)) with c = ceil(ceil(L_b / S) / KT) * KT, so
+//   the ranges follow each sequence's own length; trailing ranges may be empty (they write o = 0, lse = -inf).
+//
+// Limits (checked by the launcher before launch)
+//   D in {64, 128}; RB in {1, 2, 4, 8} rows in registers; G * Tq rows per KV head (beyond RB: RC row chunks);
+//   q, k, v 16-byte aligned. Indices are never trusted: a length outside [0, capacity] is clamped into it
+//   (capacity = Tmax, or max_pages * P); a page index outside [0, num_pages) is never dereferenced: the keys of that
+//   page are skipped (masked out). So no input can make this kernel read or write out of bounds.
+//
+// Numerics
+//   16-bit inputs converted to float32; dot products, softmax and accumulation in float32; exp2 on the special
+//   function unit (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q; partials stay float32;
+//   o is rounded to 16 bits once, at the end.
+//
+// What comes next
+//   Each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: at G * Tq >= 8 rows the
+//   kernel turns compute-bound before it reaches the memory roofline. Tensor cores (mma.sync with the rows as M)
+//   remove that; so does storing the cache in 8 bits, which halves the bytes to read.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define DEVICE __device__ __forceinline__
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define FULL_MASK 0xffffffffu
+#define LN2 0.6931471805599453f
+#define LOG2E 1.4426950408889634f
+
+// Warps per block of decode_split_kv and of decode_combine: the launcher passes both (-D), so the grid it computes
+// and the kernel's own layout come from one number.
+#ifndef DECODE_WARPS
+#define DECODE_WARPS 4
+#endif
+#ifndef COMBINE_WARPS
+#define COMBINE_WARPS 4
+#endif
+
+enum : int {
+    WARP_SIZE = 32,
+    CHUNK_ELEMS = 8,  // 16-bit elements in one 16-byte load
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Conversions (inline PTX, no header): 16-bit values travel as their bit patterns.
+// ---------------------------------------------------------------------------------------------------------
+
+template <bool BF16>
+DEVICE float to_float(u32 bits16) {  // the low 16 bits of bits16
+    if constexpr (BF16) {
+        return __uint_as_float(bits16 << 16);  // bfloat16 is the top half of a float32
+    } else {
+        float f;
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(static_cast<u16>(bits16)));
+        return f;
+    }
+}
+
+template <bool BF16>
+DEVICE u16 from_float(float x) {  // round to nearest even
+    u16 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
+    } else {
+        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
+    }
+    return r;
+}
+
+// Eight 16-bit values (one 16-byte load) -> eight floats, element e of the chunk in f[e].
+template <bool BF16>
+DEVICE void unpack8(const uint4& raw, float (&f)[CHUNK_ELEMS]) {
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = to_float<BF16>(w[i] & 0xffffu);
+        f[2 * i + 1] = to_float<BF16>(w[i] >> 16);
+    }
+}
+
+DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Where key j of sequence b lives. Returns false (and a safe row 0) for a page index outside [0, num_pages):
+// such a key is skipped. j must be < the sequence's clamped length, so j / P < max_pages.
+// ---------------------------------------------------------------------------------------------------------
+DEVICE bool key_row(long long& row, const int* __restrict__ block_table, int b, int hk, int j, int Hkv,
+                    int cache_rows, int page_shift, int max_pages, int num_pages) {
+    if (block_table == nullptr) {  // contiguous: (B, Hkv, Tmax, D)
+        row = ((long long)b * Hkv + hk) * cache_rows + j;
+        return true;
+    }
+    const int page = __ldg(block_table + (long long)b * max_pages + (j >> page_shift));
+    const bool ok = page >= 0 && page < num_pages;
+    row = ok ? ((((long long)page * Hkv + hk) << page_shift) | (j & ((1 << page_shift) - 1))) : 0;
+    return ok;
+}
+
+// The key range [begin, end) of split `split` of a sequence of L keys (see the header), KT keys per step.
+template <int KT>
+DEVICE void split_range(int L, int num_splits, int split, int& begin, int& end) {
+    const int per = (L + num_splits - 1) / num_splits;
+    const int chunk = (per + KT - 1) / KT * KT;
+    const long long b0 = (long long)split * chunk;
+    begin = (int)min(b0, (long long)L);
+    end = (int)min(b0 + chunk, (long long)L);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The split kernel. D: head dimension; RB: query rows held in registers; UNROLL: keys per lane per step (loads in
+// flight: 2 * UNROLL * 16 bytes per lane); BF16: bfloat16 (else float16).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int RB, int UNROLL, bool BF16>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
+decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+                const int* __restrict__ seqlens, const int* __restrict__ block_table, u16* __restrict__ o,
+                float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
+                int Tq, int cache_rows, int page_shift, int max_pages, int num_pages, int num_splits,
+                int row_chunks, float scale_log2) {
+    constexpr int NWARPS = DECODE_WARPS;
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr int TPK = D / CHUNK_ELEMS;  // lanes per key
+    constexpr int GPW = WARP_SIZE / TPK;  // keys per warp load
+    constexpr int KT = UNROLL * NWARPS * GPW;  // keys per block step
+    static_assert(D == 64 || D == 128, "D must be 64 or 128 (TPK = D / 8 lanes per key must divide a warp)");
+    static_assert(RB >= 1 && RB <= 8, "RB: 1 to 8 query rows in registers");
+    static_assert(UNROLL >= 1 && UNROLL <= 16, "UNROLL: 1 to 16 keys per lane per step");
+    static_assert(WARP_SIZE % TPK == 0 && NWARPS >= 1 && NTHREADS <= 1024, "bad lane layout");
+
+    __shared__ float s_m[NWARPS][RB], s_l[NWARPS][RB];  // each warp's running max and sum per row
+    __shared__ __align__(16) float s_acc[NWARPS][RB][D];  // ... and its unnormalised o
+
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int grp = lane / TPK, c = lane % TPK;  // the key of the lane within its warp, the chunk within the key
+    const int split = blockIdx.x / row_chunks, rc = blockIdx.x % row_chunks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int G = Hq / Hkv, R = G * Tq;
+
+    // The sequence's length, clamped into [0, capacity]: no length can make the kernel read past the cache.
+    const int capacity = block_table == nullptr ? cache_rows : max_pages << page_shift;
+    const int L = min(max(seqlens[b], 0), capacity);
+
+    // This block's rows: their query vectors (chunk c, pre-scaled) and causal limits (keys j < lim are visible).
+    float qf[RB][CHUNK_ELEMS];
+    int lim[RB];
+    int kmax = 0;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+        const int gr = rc * RB + r;
+        lim[r] = 0;
+#pragma unroll
+        for (int e = 0; e < CHUNK_ELEMS; ++e) qf[r][e] = 0.f;
+        if (gr < R) {
+            const int i = gr % Tq, hq = hk * G + gr / Tq;
+            const uint4 raw = __ldg(reinterpret_cast<const uint4*>(q + (((long long)b * Hq + hq) * Tq + i) * D) + c);
+            unpack8<BF16>(raw, qf[r]);
+#pragma unroll
+            for (int e = 0; e < CHUNK_ELEMS; ++e) qf[r][e] *= scale_log2;
+            lim[r] = max(L - Tq + 1 + i, 0);
+            kmax = max(kmax, lim[r]);
+        }
+    }
+
+    int kb, ke;
+    split_range<KT>(L, num_splits, split, kb, ke);
+    ke = min(ke, kmax);  // no row of this block sees a key at or past kmax
+
+    float m[RB], l[RB], acc[RB][CHUNK_ELEMS];  // log2 units; every lane of a key group holds the same m and l
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = 0.f;
+    }
+
+    // The loop bounds are the same for every thread of the block, so every shuffle below runs on a full warp.
+    for (int t0 = kb; t0 < ke; t0 += KT) {
+        uint4 kr[UNROLL], vr[UNROLL];
+        int key[UNROLL];
+        bool ok[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {  // all loads first: 2 * UNROLL independent 16-byte loads per lane
+            key[u] = t0 + (u * NWARPS + warp) * GPW + grp;
+            long long row = 0;
+            ok[u] = key[u] < ke && key_row(row, block_table, b, hk, key[u], Hkv, cache_rows, page_shift, max_pages,
+                                           num_pages);
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            kr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(k_cache + row * D) + c) : zero;
+            vr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(v_cache + row * D) + c) : zero;
+        }
+
+        // s[u][r] = q_r . k_u (log2 units): each lane its 8 columns, then a butterfly over the TPK lanes of the key.
+        float s[UNROLL][RB];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float kf[CHUNK_ELEMS];
+            unpack8<BF16>(kr[u], kf);
+#pragma unroll
+            for (int r = 0; r < RB; ++r) {
+                float dot = 0.f;
+#pragma unroll
+                for (int e = 0; e < CHUNK_ELEMS; ++e) dot = fmaf(qf[r][e], kf[e], dot);
+#pragma unroll
+                for (int off = TPK / 2; off > 0; off /= 2) dot += __shfl_xor_sync(FULL_MASK, dot, off);
+                s[u][r] = (ok[u] && key[u] < lim[r]) ? dot : NEG_INF;
+            }
+        }
+
+        // Online softmax over this step's UNROLL keys of the lane's group, row by row; s becomes p in place.
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, s[u][r]);
+            const float base = mx == NEG_INF ? 0.f : mx;  // nothing visible yet: every p below is 2^-inf = 0
+            const float alpha = exp2_approx(m[r] - base);  // 0 on the first visible key (m = -inf)
+            float psum = 0.f;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                s[u][r] = exp2_approx(s[u][r] - base);
+                psum += s[u][r];
+            }
+            l[r] = l[r] * alpha + psum;
+            m[r] = mx;
+#pragma unroll
+            for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] *= alpha;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {  // acc += p v: each V chunk converted once, used by every row
+            float vf[CHUNK_ELEMS];
+            unpack8<BF16>(vr[u], vf);
+#pragma unroll
+            for (int r = 0; r < RB; ++r)
+#pragma unroll
+                for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = fmaf(s[u][r], vf[e], acc[r][e]);
+        }
+    }
+
+    // Merge the GPW key groups of the warp: lanes lane and lane ^ off (off >= TPK) hold the same chunk c.
+#pragma unroll
+    for (int off = TPK; off < WARP_SIZE; off *= 2) {
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+            const float mo = __shfl_xor_sync(FULL_MASK, m[r], off);
+            const float lo = __shfl_xor_sync(FULL_MASK, l[r], off);
+            const float mx = fmaxf(m[r], mo);
+            const float base = mx == NEG_INF ? 0.f : mx;
+            const float a = exp2_approx(m[r] - base), a_o = exp2_approx(mo - base);
+            l[r] = l[r] * a + lo * a_o;
+            m[r] = mx;
+#pragma unroll
+            for (int e = 0; e < CHUNK_ELEMS; ++e) {
+                const float xo = __shfl_xor_sync(FULL_MASK, acc[r][e], off);
+                acc[r][e] = acc[r][e] * a + xo * a_o;
+            }
+        }
+    }
+    if (grp == 0) {  // lanes 0 .. TPK-1 now hold the warp's result, chunk c each
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+#pragma unroll
+            for (int e = 0; e < CHUNK_ELEMS; ++e) s_acc[warp][r][c * CHUNK_ELEMS + e] = acc[r][e];
+            if (c == 0) {
+                s_m[warp][r] = m[r];
+                s_l[warp][r] = l[r];
+            }
+        }
+    }
+    __syncthreads();
+
+    // Merge the warps and write: thread x handles column x % D of row x / D (and so on, NTHREADS apart).
+    const bool direct = o_part == nullptr;  // num_splits == 1: the final o and lse
+    for (int idx = threadIdx.x; idx < RB * D; idx += NTHREADS) {
+        const int r = idx / D, e = idx % D;
+        const int gr = rc * RB + r;
+        if (gr >= R) break;  // rows come in order: this thread's later indices are past R too
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, s_m[w][r]);
+        const float base = mx == NEG_INF ? 0.f : mx;
+        float lsum = 0.f, val = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float a = exp2_approx(s_m[w][r] - base);
+            lsum = fmaf(a, s_l[w][r], lsum);
+            val = fmaf(a, s_acc[w][r][e], val);
+        }
+        const float out = lsum > 0.f ? val / lsum : 0.f;
+        const float row_lse = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
+        const long long qrow = ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;  // row of (B, Hq, Tq)
+        if (direct) {
+            o[qrow * D + e] = from_float<BF16>(out);
+            if (lse != nullptr && e == 0) lse[qrow] = row_lse;
+        } else {
+            const long long prow = qrow * num_splits + split;  // row of (B, Hq, Tq, S)
+            o_part[prow * D + e] = out;
+            if (e == 0) lse_part[prow] = row_lse;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The combine: one warp per query row merges its S partials by log-sum-exp. Each lane owns D / 32 columns.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, bool BF16>
+__global__ void __launch_bounds__(COMBINE_WARPS * WARP_SIZE)
+decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, u16* __restrict__ o,
+               float* __restrict__ lse, long long n_rows, int num_splits) {
+    constexpr int EPL = D / WARP_SIZE;  // columns per lane: 2 or 4
+    static_assert(D == 64 || D == 128, "D must be 64 or 128");
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long row = (long long)blockIdx.x * COMBINE_WARPS + threadIdx.x / WARP_SIZE;
+    if (row >= n_rows) return;  // the whole warp leaves together
+    const float* lp = lse_part + row * num_splits;
+
+    float mx = NEG_INF;
+    for (int s = lane; s < num_splits; s += WARP_SIZE) mx = fmaxf(mx, lp[s]);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
+    const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
+    float wsum = 0.f;
+    for (int s = lane; s < num_splits; s += WARP_SIZE) wsum += exp2_approx((lp[s] - base) * LOG2E);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
+
+    float acc[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[e] = 0.f;
+    const float* op = o_part + row * num_splits * D + lane * EPL;
+    for (int s = 0; s < num_splits; ++s) {
+        const float w = exp2_approx((lp[s] - base) * LOG2E);  // exp(lse_s - max): 0 for an empty split
+        float x[EPL];
+        if constexpr (EPL == 4) {
+            const float4 v4 = *reinterpret_cast<const float4*>(op + (long long)s * D);
+            x[0] = v4.x, x[1] = v4.y, x[2] = v4.z, x[3] = v4.w;
+        } else {
+            const float2 v2 = *reinterpret_cast<const float2*>(op + (long long)s * D);
+            x[0] = v2.x, x[1] = v2.y;
+        }
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] = fmaf(w, x[e], acc[e]);
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) o[row * D + lane * EPL + e] = from_float<BF16>(acc[e] * inv);
+    if (lse != nullptr && lane == 0) lse[row] = wsum > 0.f ? base + __logf(wsum) : NEG_INF;
+}
+
+// ---- the builds the launcher uses (kernels/decode_split.py: ROW_BUILDS), instantiated so that `nvcc -c
+// decode_split.cu` alone yields real kernels; NVRTC instantiates them by name instead.
+#ifndef __CUDACC_RTC__
+#define DECODE_SPLIT_INSTANTIATE(D, RB, UNROLL, BF16)                                                             \
+    template __global__ void decode_split_kv<D, RB, UNROLL, BF16>(                                                \
+        const u16*, const u16*, const u16*, const int*, const int*, u16*, float*, float*, float*, int, int, int,  \
+        int, int, int, int, int, int, float);
+#define DECODE_COMBINE_INSTANTIATE(D, BF16)                                                                       \
+    template __global__ void decode_combine<D, BF16>(const float*, const float*, u16*, float*, long long, int);
+#define DECODE_SPLIT_ALL_ROWS(D, BF16)                                                                            \
+    DECODE_SPLIT_INSTANTIATE(D, 1, 8, BF16)                                                                       \
+    DECODE_SPLIT_INSTANTIATE(D, 2, 8, BF16)                                                                       \
+    DECODE_SPLIT_INSTANTIATE(D, 4, 4, BF16)                                                                       \
+    DECODE_SPLIT_INSTANTIATE(D, 8, 2, BF16)                                                                       \
+    DECODE_COMBINE_INSTANTIATE(D, BF16)
+DECODE_SPLIT_ALL_ROWS(64, false)
+DECODE_SPLIT_ALL_ROWS(64, true)
+DECODE_SPLIT_ALL_ROWS(128, false)
+DECODE_SPLIT_ALL_ROWS(128, true)
+#endif
