@@ -73,7 +73,7 @@ def make_inputs(B: int, Hq: int, Hkv: int, L: int, *, d: int = D, dtype: str = D
 
         def pool(c):
             pages = c.reshape(B, Hkv, n, page_size, d).transpose(0, 2, 1, 3, 4).reshape(B * n, Hkv, page_size, d)
-            out = cp.empty_like(pages)
+            out = cp.empty(pages.shape, dtype=pages.dtype)  # C-contiguous (empty_like would keep the strides)
             out[perm] = pages  # logical page j of sequence b -> physical page perm[b * n + j]
             return out
 
