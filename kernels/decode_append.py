@@ -22,7 +22,7 @@ import numpy as np
 
 from ._core import (ceil_div, check_alignment, check_array, check_index_range, cp, current_device, defines_from,
                     get_kernel)
-from .decode_common import ALIGN, PAGE_SIZES
+from .decode_common import ALIGN, PAGE_SIZES, check_block_table
 
 KERNEL_FILE = "decode_append.cu"
 WHAT = "decode_append"
@@ -69,16 +69,8 @@ def append(k_cache, v_cache, k_new, v_new, seqlens_k, *, block_table=None, check
             raise ValueError(f"a contiguous cache must have B={B} rows (one per sequence); got v_cache {v_cache.shape}")
         max_pages, num_pages, page_shift, capacity = 0, 0, 0, cache_rows
     else:
-        check_array(block_table, "block_table", dtypes=("int32",), ndim=2, dev=dev)
-        if block_table.shape[0] != B or block_table.shape[1] < 1:
-            raise ValueError(f"block_table has shape {block_table.shape}; it must be ({B}, max_pages) with "
-                             f"max_pages >= 1")
-        if cache_rows not in PAGE_SIZES:
-            raise ValueError(f"page_size={cache_rows} (k_cache.shape[2]) is not supported by {WHAT}; page sizes: "
-                             f"{', '.join(map(str, PAGE_SIZES))}")
-        max_pages, num_pages = block_table.shape[1], n0
-        page_shift = cache_rows.bit_length() - 1
-        capacity = max_pages * cache_rows
+        max_pages, capacity = check_block_table(block_table, B, cache_rows, PAGE_SIZES, WHAT, dev)
+        num_pages, page_shift = n0, cache_rows.bit_length() - 1
     check_alignment(WHAT, ALIGN, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new)
     if check_indices:
         check_index_range(seqlens_k, "seqlens_k", 0, capacity - Tn)

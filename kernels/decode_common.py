@@ -82,21 +82,28 @@ def validate_decode(q, k_cache, v_cache, seqlens_k, block_table, *, dtypes, head
         if not paged_ok:
             raise ValueError(f"{what} reads contiguous caches only; block_table is not supported (decode_split "
                              f"reads paged caches)")
-        check_array(block_table, "block_table", dtypes=("int32",), ndim=2, dev=dev)
-        if block_table.shape[0] != B or block_table.shape[1] < 1:
-            raise ValueError(f"block_table has shape {block_table.shape}; it must be ({B}, max_pages) with "
-                             f"max_pages >= 1")
-        if cache_rows not in page_sizes:
-            raise ValueError(f"page_size={cache_rows} (k_cache.shape[2]) is not supported by {what}; "
-                             f"page sizes: {', '.join(map(str, page_sizes))}")
-        max_pages, num_pages = block_table.shape[1], n0
-        capacity = max_pages * cache_rows
-        if capacity > INT32_MAX:
-            raise ValueError(f"block_table allows {capacity} keys per sequence; the kernels count keys in 32 bits "
-                             f"(<= {INT32_MAX})")
+        max_pages, capacity = check_block_table(block_table, B, cache_rows, page_sizes, what, dev)
+        num_pages = n0
     if B > MAX_GRID_YZ:
         raise ValueError(f"B={B} sequences; {what} takes B <= {MAX_GRID_YZ} (one grid row per sequence)")
     if Hkv > MAX_GRID_YZ:
         raise ValueError(f"Hkv={Hkv}; {what} takes Hkv <= {MAX_GRID_YZ} (one grid row per KV head)")
     check_alignment(what, ALIGN, q=q, k_cache=k_cache, v_cache=v_cache)
     return B, Hq, Tq, d, Hkv, cache_rows, max_pages, num_pages, capacity, dev
+
+
+def check_block_table(block_table, B: int, page_size: int, page_sizes, what: str, dev: int) -> tuple[int, int]:
+    """Check a (B, max_pages) int32 block table for pages of `page_size` rows; return (max_pages, capacity)."""
+    check_array(block_table, "block_table", dtypes=("int32",), ndim=2, dev=dev)
+    if block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise ValueError(f"block_table has shape {block_table.shape}; it must be ({B}, max_pages) with "
+                         f"max_pages >= 1")
+    if page_size not in page_sizes:
+        raise ValueError(f"page_size={page_size} (k_cache.shape[2]) is not supported by {what}; "
+                         f"page sizes: {', '.join(map(str, page_sizes))}")
+    max_pages = block_table.shape[1]
+    capacity = max_pages * page_size
+    if capacity > INT32_MAX:
+        raise ValueError(f"block_table allows {capacity} keys per sequence; the kernels count keys in 32 bits "
+                         f"(<= {INT32_MAX})")
+    return max_pages, capacity
