@@ -24,7 +24,9 @@ import operator
 import os
 import re
 import shutil
+import struct
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,7 +281,12 @@ class Kernel:
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         dev = cp.cuda.runtime.getDevice()
         fn = self._fn.get(dev) or self._configure(dev)
-        fn(grid, block, args, shared_mem)
+        types = tuple(map(type, args))
+        plan = _PLANS.get(types) or _param_plan(types)
+        if plan is None:  # an argument type the fast path does not pack: CuPy's own launch
+            fn(grid, block, args, shared_mem)
+        else:
+            plan.launch(fn.ptr, grid, block, args, shared_mem, cp.cuda.get_current_stream().ptr)
 
     @property
     def raw(self):
@@ -299,6 +306,72 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.filename}:{self.name}, shared_mem={self.shared_mem}, carveout={self.carveout})"
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch itself: cuLaunchKernel with the arguments packed by `struct`
+# ---------------------------------------------------------------------------------------------
+# cuLaunchKernel takes the kernel's arguments as an array of pointers, one per argument, each pointing at the
+# argument's bytes. CuPy's RawKernel builds that array anew on every call, inspecting each argument; for a
+# launcher of eleven arguments that took about 7 microseconds, half of the launcher's whole host time. Here the
+# layout is worked out once per tuple of argument types (a "plan"): one buffer holds the argument values at
+# their natural alignment, and a fixed array of pointers points into it. A call then packs the values with one
+# struct.pack_into and calls the driver. The driver copies the values at the launch, so the buffer can be
+# reused right after; a lock keeps two threads from packing into it at once.
+
+_ARG_CODES = {np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q", np.float32: "f", np.float64: "d",
+              np.int16: "h", np.uint16: "H", np.int8: "b", np.uint8: "B", np.bool_: "?"}
+if np.dtype(np.uintp).itemsize == 8:
+    _ARG_CODES[np.uintp] = "Q"
+
+
+class _ParamPlan:
+    """How to pack one tuple of argument types into cuLaunchKernel's kernelParams (see above)."""
+
+    __slots__ = ("fmt", "arrays", "buf", "params", "params_ptr", "lock")
+
+    def __init__(self, codes: list, arrays: tuple):
+        self.fmt = "@" + "".join(codes)  # native sizes and alignment: the C ABI of the kernel's parameters
+        self.arrays = arrays  # positions of the CuPy arrays (passed as their device pointers)
+        self.buf = ctypes.create_string_buffer(max(struct.calcsize(self.fmt), 8))
+        base = ctypes.addressof(self.buf)
+        offsets = [struct.calcsize("@" + "".join(codes[: i + 1])) - struct.calcsize(c) for i, c in enumerate(codes)]
+        self.params = (ctypes.c_void_p * max(len(codes), 1))(*(base + off for off in offsets))
+        self.params_ptr = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+    def launch(self, fn_ptr: int, grid: tuple, block: tuple, args: tuple, shared_mem: int, stream_ptr: int):
+        values = list(args)
+        for i in self.arrays:
+            values[i] = values[i].data.ptr
+        ng, nb = len(grid), len(block)
+        with self.lock:
+            struct.pack_into(self.fmt, self.buf, 0, *values)
+            _driver.launchKernel(fn_ptr, grid[0], grid[1] if ng > 1 else 1, grid[2] if ng > 2 else 1,
+                                 block[0], block[1] if nb > 1 else 1, block[2] if nb > 2 else 1,
+                                 shared_mem, stream_ptr, self.params_ptr, 0)
+
+
+_driver = cp.cuda.driver if cp is not None else None
+_PLANS: dict = {}  # tuple of argument types -> _ParamPlan (or None: not packable, use CuPy's launch)
+
+
+def _param_plan(types: tuple):
+    """The _ParamPlan for this tuple of argument types, made once; None when a type is not one the plan packs."""
+    if types in _PLANS:
+        return _PLANS[types]
+    codes, arrays = [], []
+    for i, t in enumerate(types):
+        if t is cp.ndarray:
+            codes.append("Q" if np.dtype(np.uintp).itemsize == 8 else "I")
+            arrays.append(i)
+        elif t in _ARG_CODES:
+            codes.append(_ARG_CODES[t])
+        else:
+            _PLANS[types] = None
+            return None
+    plan = _PLANS[types] = _ParamPlan(codes, tuple(arrays))
+    return plan
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
-                    scalar, validate_attention)
+                    validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
@@ -126,17 +126,32 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, h
     if not scale > 0:
         raise ValueError(f"scale must be > 0 for flash2_mma (the kernel folds it into exp2 after the row max); "
                          f"got {scale}")
-    kernel, _, smem, rows, threads = build(BUILD_FOR[d], None if tile is None else tuple(tile), DTYPE_NAMES[q.dtype])
-    blocks = B * H * ceil_div(Tq, rows)
-    if blocks > MAX_GRID_X:
-        check_grid(blocks, WHAT, MAX_GRID_X)
+    key = (Tq, Tk, d, q.dtype, scale, bool(causal), None if tile is None else tuple(tile), bool(head_major), B * H)
+    launch = _LAUNCHES.get(key) or _launch_config(*key)
+    kernel, grid, block, smem, tail = launch
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
-    lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
-    kernel((blocks,), (threads,),
-           (q, k, v, o, NULL if lse is None else lse, scalar(np.int32, Tq), scalar(np.int32, Tk), scalar(np.int32, d),
-            scalar(np.float32, scale * LOG2E), I32[bool(causal)], I32[bool(head_major)]),
-           smem)
-    return (o, lse) if return_lse else o
+    if return_lse:
+        lse = cp.empty((B, H, Tq), dtype=cp.float32)
+        kernel(grid, block, (q, k, v, o, lse) + tail, smem)
+        return o, lse
+    kernel(grid, block, (q, k, v, o, NULL) + tail, smem)
+    return o
+
+
+_LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H) -> what a launch of that problem needs
+
+
+def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
+    """Grid, block, shared memory and the constant arguments of one problem, worked out once (the launch then
+    costs a dictionary look-up instead of a dozen small computations)."""
+    kernel, _, smem, rows, threads = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
+    blocks = check_grid(BH * ceil_div(Tq, rows), WHAT, MAX_GRID_X)
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[causal], I32[head_major])
+    if len(_LAUNCHES) > 4096:
+        _LAUNCHES.clear()
+    config = _LAUNCHES[(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH)] = (kernel, (blocks,), (threads,), smem,
+                                                                                   tail)
+    return config
 
 
 register(Variant(
