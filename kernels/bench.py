@@ -407,10 +407,49 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines)
 
 
+PLOT_PATH = ROOT / "results" / "tflops.png"  # the README's picture of the long suite
+
+
+def plot_long(result: dict, path: Path = PLOT_PATH) -> Path:
+    """TFLOP/s (kernel time) against T for every fp16 row of the long suite, one panel per (d, causal): the README's plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["suite"] == "long" and r.get("tflops")]
+    ds = sorted({r["d"] for r in rows})
+    fig, axes = plt.subplots(len(ds), 2, figsize=(10, 3.2 * len(ds)), sharex=True, squeeze=False)
+    for i, d in enumerate(ds):
+        for j, causal in enumerate((True, False)):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["d"] == d and r["causal"] == causal]
+            for name in sorted({r["name"] for r in sel}):
+                pts = sorted((r["T"], r["tflops"]) for r in sel if r["name"] == name)
+                ours = any(r["kind"] == "ours" for r in sel if r["name"] == name)
+                ax.plot(*zip(*pts), marker="o", linestyle="-" if ours else "--", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"d={d}, {'causal' if causal else 'not causal'}")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+            if i == len(ds) - 1:
+                ax.set_xlabel("T (B=%d, H=%d, %s)" % (result["long"]["B"], result["long"]["H"], result["long"]["dtype"]))
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Kernel time as TFLOP/s on {result['gpu']} (solid: the course's kernels; dashed: torch SDPA)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def update_readme(readme: Path, result: dict) -> None:
+    """Rewrite the README's tables between its markers from `result`, and draw the plot they point at."""
     text = readme.read_text()
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    readme.write_text(text[:start] + "\n" + markdown_tables(result) + "\n" + text[end:])
+    plot = plot_long(result)
+    figure = f"\n\n![TFLOP/s against sequence length]({plot.relative_to(ROOT).as_posix()})\n"
+    readme.write_text(text[:start] + "\n" + markdown_tables(result) + figure + text[end:])
 
 
 def main(argv=None) -> int:
