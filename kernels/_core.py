@@ -361,8 +361,9 @@ def _param_plan(types: tuple):
     if types in _PLANS:
         return _PLANS[types]
     codes, arrays = [], []
+    ndarray = cp.ndarray if cp is not None else None
     for i, t in enumerate(types):
-        if t is cp.ndarray:
+        if t is ndarray:
             codes.append("Q" if np.dtype(np.uintp).itemsize == 8 else "I")
             arrays.append(i)
         elif t in _ARG_CODES:

@@ -1,0 +1,78 @@
+"""The launch path of kernels._core.Kernel: arguments packed once per signature and handed to cuLaunchKernel.
+
+The layout of the packed buffer must be the C ABI's layout of the kernel's parameters (each at its natural
+alignment), or the kernel reads garbage. The CPU test checks the offsets against ctypes' own struct layout (the
+C compiler's rules); the GPU tests check that a kernel launched through the packed path writes exactly what it
+writes when CuPy launches it, for arguments whose alignment leaves gaps (a 4-byte value between 8-byte ones).
+"""
+
+import ctypes
+import struct
+
+import numpy as np
+import pytest
+
+from kernels import _core
+
+CTYPES = {"i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": ctypes.c_uint64,
+          "f": ctypes.c_float, "d": ctypes.c_double, "h": ctypes.c_int16, "H": ctypes.c_uint16,
+          "b": ctypes.c_int8, "B": ctypes.c_uint8, "?": ctypes.c_bool}
+
+
+@pytest.mark.parametrize("codes", ["QQQQQiiifii", "iQ", "fdi", "bQhq", "?iQ", "Qq", "i", "HBdQ"])
+def test_packed_offsets_follow_the_c_abi(codes):
+    plan = _core._ParamPlan(list(codes), ())
+    fields = [(f"a{i}", CTYPES[c]) for i, c in enumerate(codes)]
+    layout = type("Params", (ctypes.Structure,), {"_fields_": fields})
+    base = ctypes.addressof(plan.buf)
+    offsets = [plan.params[i] - base for i in range(len(codes))]
+    assert offsets == [getattr(layout, name).offset for name, _ in fields]
+    # and the values land where the pointers point
+    values = [1 if c not in "fd?" else (True if c == "?" else 1.5) for c in codes]
+    struct.pack_into(plan.fmt, plan.buf, 0, *values)
+    for i, (c, v) in enumerate(zip(codes, values)):
+        assert CTYPES[c].from_address(plan.params[i]).value == v
+
+
+def test_unknown_argument_types_fall_back_to_cupys_launch():
+    assert _core._param_plan((int, np.int32)) is None  # a Python int: CuPy decides how to pass it
+    assert _core._param_plan((np.int32, np.float32)).fmt == "@if"
+
+
+def test_fast_and_cupy_launch_write_the_same(gpu):
+    cp = gpu
+    kern = _core.get_kernel("timing.cu", "flush_l2")
+    fn = kern.raw.kernel  # CuPy's own launch of the same function
+    for n, value in ((1, 7), (1000, 0xDEADBEEF), (4097, 3)):
+        a = cp.zeros(5000, dtype=cp.uint32)
+        b = cp.zeros(5000, dtype=cp.uint32)
+        args_a = (a, np.int64(n), np.uint32(value))  # pointer, 8-byte int, 4-byte int
+        kern((2,), (256,), args_a)
+        fn((2,), (256,), (b, np.int64(n), np.uint32(value)))
+        assert _core._PLANS[tuple(map(type, args_a))] is not None  # the packed path was taken
+        assert bool((a == b).all()) and int(a[n - 1]) == value and int(a[n]) == 0
+
+
+def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
+    cp = gpu
+    kern = _core.get_kernel("timing.cu", "flush_l2")
+    x = cp.zeros(1 << 16, dtype=cp.uint32)
+    streams = []
+
+    class Recorder:  # cupy.cuda.driver, with launchKernel noting the stream it is given
+        def __getattr__(self, name):
+            return getattr(cp.cuda.driver, name)
+
+        def launchKernel(self, *args):
+            streams.append(args[8])
+            return cp.cuda.driver.launchKernel(*args)
+
+    monkeypatch.setattr(_core, "_driver", Recorder())
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        kern((64,), (256,), (x, np.int64(x.size), np.uint32(5)))
+    kern((64,), (256,), (x, np.int64(x.size), np.uint32(6)))  # outside the block: the default stream again
+    s.synchronize()
+    cp.cuda.Device().synchronize()
+    assert streams == [s.ptr, cp.cuda.get_current_stream().ptr] and streams[0] != streams[1]
+    assert int(x.min()) == 6
