@@ -29,6 +29,7 @@ from . import cublas_attention, flash1, flash2  # noqa: E402,F401
 from . import cublas_half  # noqa: E402,F401
 from . import flash2_mma  # noqa: E402,F401
 from . import flash2_wmma  # noqa: E402,F401
+from . import flash2_triton  # noqa: E402,F401  (Triton; imports torch and Triton only when it launches)
 from . import decode_ft  # noqa: E402,F401
 from . import decode_split  # noqa: E402,F401
 from . import decode_append  # noqa: E402,F401

@@ -5,6 +5,7 @@ from .llmc import attention_forward_llmc, permute_qkv, unpermute
 from .softmax import online_update, softmax_naive, softmax_online, softmax_safe
 from .tiled import flash_attention_1, flash_attention_2, merge_partials, split_kv_attention
 from .inputs import make_qkv
+from .backward import attention_backward, attention_probabilities
 from .decode import (append_kv, decode_attention, decode_attention_rows, decode_attention_split,
                      decode_split_bounds, gather_kv)
 
@@ -16,4 +17,5 @@ __all__ = [
     "make_qkv",
     "decode_attention", "decode_attention_rows", "decode_attention_split", "decode_split_bounds", "gather_kv",
     "append_kv",
+    "attention_backward", "attention_probabilities",
 ]

@@ -1,0 +1,155 @@
+"""The Triton FlashAttention-2 (kernels/flash2_triton.py): gradients against the float64 reference, the autograd
+Function, the opt-in autotune, streams and bad input. Its forward is also in tests/test_attention_gpu.py's grid.
+
+Needs a GPU, torch and Triton. CPU CI has neither torch nor Triton, so these tests skip there (with the reason);
+the float64 backward they compare with is tested on the CPU in tests/test_reference_backward.py.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import kernels
+import reference as R
+from kernels import flash2_triton as F
+
+
+@pytest.fixture(scope="module")
+def tr(gpu):
+    """(cupy, torch): skips, with the reason, where torch or Triton is missing (as on CPU CI)."""
+    torch = pytest.importorskip("torch", reason="flash2_triton needs torch (not installed: CPU CI has no torch)")
+    pytest.importorskip("triton", reason="flash2_triton needs Triton (not installed: CPU CI has no Triton)")
+    if not torch.cuda.is_available():
+        pytest.skip("flash2_triton needs torch with CUDA (torch.cuda.is_available() is False)")
+    return gpu, torch
+
+
+def _inputs(cp, dtype, Tq, Tk, d, mag=1.0, seed=0, B=1, H=2):
+    q, k, v = R.make_qkv(B, H, Tq, d, Tk, magnitude=mag, seed=seed)
+    do = np.random.default_rng(seed + 1).standard_normal(q.shape)
+    dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v, do)]
+    host = [x.get().astype(np.float64) for x in dev]  # exactly what the GPU sees
+    return dev, host
+
+
+def _grad_cases():
+    for d, dtype, causal in itertools.product(F.HEAD_DIMS, F.DTYPES, [False, True]):  # each d, a ragged T
+        yield pytest.param(dtype, 257, 257, d, causal, 1.0, id=f"{dtype}-T257-d{d}-{'causal' if causal else 'full'}")
+    for (Tq, Tk), dtype, causal in itertools.product([(1, 257), (7, 100), (100, 7), (33, 1024), (128, 128)],
+                                                     F.DTYPES, [False, True]):
+        yield pytest.param(dtype, Tq, Tk, 64, causal, 1.0, id=f"{dtype}-Tq{Tq}-Tk{Tk}-d64-{'causal' if causal else 'full'}")
+    for dtype, causal in itertools.product(F.DTYPES, [False, True]):  # logits that overflow an unguarded exp
+        yield pytest.param(dtype, 100, 100, 64, causal, 10.0, id=f"{dtype}-T100-d64-{'causal' if causal else 'full'}-x10")
+
+
+@pytest.mark.parametrize("dtype,Tq,Tk,d,causal,mag", list(_grad_cases()))
+def test_gradients_match_reference(tr, poison, dtype, Tq, Tk, d, causal, mag):
+    cp, _ = tr
+    (q, k, v, do), host = _inputs(cp, dtype, Tq, Tk, d, mag, seed=Tq * 7 + Tk + d)
+    o, lse = F.forward(q, k, v, causal=causal, return_lse=True)
+    dq, dk, dv = F.backward(q, k, v, o, lse, do, causal=causal)
+    want = R.attention_backward(*host, causal=causal)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        assert got.dtype == q.dtype and got.shape == ref.shape
+        res = kernels.check(got, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    if causal and Tq > Tk:  # rows that see no key: output 0, lse -inf, gradient exactly 0
+        blind = Tq - Tk
+        assert bool((dq[:, :, :blind] == 0).all()) and bool((o[:, :, :blind] == 0).all())
+        assert bool(cp.isneginf(lse[:, :, :blind]).all())
+
+
+def test_backward_is_deterministic(tr):
+    """No atomics: two backward passes give the same bits."""
+    cp, _ = tr
+    (q, k, v, do), _ = _inputs(cp, "float16", 300, 300, 64, seed=3)
+    o, lse = F.forward(q, k, v, causal=True, return_lse=True)
+    a = F.backward(q, k, v, o, lse, do, causal=True)
+    b = F.backward(q, k, v, o, lse, do, causal=True)
+    assert all(bool((x == y).all()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", F.DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_function(tr, dtype, causal):
+    """attention() on torch tensors: o and the grads of o.backward(do) against the float64 reference."""
+    cp, torch = tr
+    (q, k, v, do), host = _inputs(cp, dtype, 65, 130, 64, seed=9)
+    qt, kt, vt = (F.as_torch(x).clone().requires_grad_(True) for x in (q, k, v))
+    o = F.attention(qt, kt, vt, causal=causal, scale=0.2)
+    o.backward(F.as_torch(do))
+    o_ref = R.attention(*host[:3], causal=causal, scale=0.2)
+    want = R.attention_backward(*host, causal=causal, scale=0.2)
+    to_np = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
+    assert kernels.check(to_np(o), o_ref, dtype).ok
+    for name, t, ref in zip(("dq", "dk", "dv"), (qt, kt, vt), want):
+        res = kernels.check(to_np(t.grad), ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+
+
+def test_autograd_accepts_strided_inputs(tr):
+    """A transposed view (B, T, H, d) -> (B, H, T, d) is made contiguous, not rejected or misread."""
+    cp, torch = tr
+    x = torch.randn((1, 40, 2, 32), device="cuda", dtype=torch.float16)
+    q = x.transpose(1, 2)
+    o = F.attention(q, q, q, causal=True)
+    ref = R.attention(*(q.double().cpu().numpy(),) * 3, causal=True)
+    assert kernels.check(o.float().cpu().numpy(), ref, "float16").ok
+
+
+def test_explicit_config_and_autotune(tr):
+    """Every candidate of the opt-in search computes the same thing; autotune() records the winner for the bucket."""
+    cp, _ = tr
+    (q, k, v, _), host = _inputs(cp, "float16", 100, 100, 64, seed=4)
+    ref = R.attention(*host[:3], causal=True)
+    cands = (F.FWD_CONFIGS[(64, True)], F.Config(64, 64, 4, 3))
+    for cfg in cands:
+        assert kernels.check(F.forward(q, k, v, causal=True, config=cfg), ref, "float16").ok
+    try:
+        chosen = F.autotune(q, k, v, causal=True, candidates=cands)
+        assert chosen in cands
+        assert F.forward_config(64, True, "float16", 100, 120) == chosen  # same bucket (128)
+        assert F.forward_config(64, True, "float16", 1000, 1000) == F.FWD_CONFIGS[(64, True)]  # another bucket
+        assert kernels.check(F.forward(q, k, v, causal=True), ref, "float16").ok
+    finally:
+        F._TUNED.clear()
+
+
+def test_runs_on_cupy_current_stream(tr):
+    cp, _ = tr
+    (q, k, v, _), host = _inputs(cp, "bfloat16", 77, 77, 32, seed=5)
+    with cp.cuda.Stream(non_blocking=True) as s:
+        o = F.forward(q, k, v, causal=True)
+        s.synchronize()
+    assert kernels.check(o, R.attention(*host[:3], causal=True), "bfloat16").ok
+
+
+def test_bad_input(tr):
+    cp, torch = tr
+    (q, k, v, do), _ = _inputs(cp, "float16", 16, 16, 48)
+    with pytest.raises(ValueError, match=r"head dimension d=48 must be one of \(16, 32, 64, 128\)"):
+        F.forward(q, k, v)
+    (q, k, v, do), _ = _inputs(cp, "float16", 16, 16, 32)
+    with pytest.raises(ValueError, match=r"scale must be > 0 .* got -1.0"):
+        F.forward(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match=r"config \(100, 64, 4, 3\): BLOCK_M and BLOCK_N must be powers of two"):
+        F.forward(q, k, v, config=(100, 64, 4, 3))
+    o, lse = F.forward(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\); got \(1, 2, 15\)"):
+        F.backward(q, k, v, o, lse[:, :, :15].copy(), do)
+    with pytest.raises(TypeError, match=r"lse has dtype float16"):
+        F.backward(q, k, v, o, lse.astype(cp.float16), do)
+    with pytest.raises(ValueError, match=r"do must have q's shape"):
+        F.backward(q, k, v, o, lse, do[:, :1].copy())
+    with pytest.raises(TypeError, match=r"q must be a torch.Tensor; got numpy.ndarray"):
+        F.attention(q.get(), k, v)
+    t = torch.zeros((1, 2, 16, 32), device="cuda")
+    with pytest.raises(TypeError, match=r"q has dtype torch.float32; .* takes torch.float16, torch.bfloat16"):
+        F.attention(t, t, t)
+    t = torch.zeros((1, 2, 16, 256), device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"d=256 is larger than .*d <= 128"):
+        F.attention(t, t, t)
+    with pytest.raises(ValueError, match=r"scale must be a finite number; got nan"):
+        F.attention(t, t, t, scale=math.nan)
