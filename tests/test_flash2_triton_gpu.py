@@ -17,13 +17,19 @@ from kernels import flash2_triton as F
 
 
 @pytest.fixture(scope="module")
-def tr(gpu):
-    """(cupy, torch): skips, with the reason, where torch or Triton is missing (as on CPU CI)."""
+def tr():
+    """(cupy, torch): skips, with the reason, where torch, Triton or a GPU is missing. torch is asked first, so that
+    CPU CI (no torch, no Triton, no GPU) says that it has no torch."""
     torch = pytest.importorskip("torch", reason="flash2_triton needs torch (not installed: CPU CI has no torch)")
     pytest.importorskip("triton", reason="flash2_triton needs Triton (not installed: CPU CI has no Triton)")
+    reason = kernels.gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs a CUDA GPU: {reason}")
     if not torch.cuda.is_available():
         pytest.skip("flash2_triton needs torch with CUDA (torch.cuda.is_available() is False)")
-    return gpu, torch
+    import cupy
+
+    return cupy, torch
 
 
 def _inputs(cp, dtype, Tq, Tk, d, mag=1.0, seed=0, B=1, H=2):
