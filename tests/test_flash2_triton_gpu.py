@@ -16,7 +16,7 @@ import reference as R
 from kernels import flash2_triton as F
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session, like `gpu`: so that it is set up (and skips) before `gpu`
 def tr():
     """(cupy, torch): skips, with the reason, where torch, Triton or a GPU is missing. torch is asked first, so that
     CPU CI (no torch, no Triton, no GPU) says that it has no torch."""
