@@ -8,6 +8,8 @@ from .inputs import make_qkv
 from .backward import attention_backward, attention_probabilities
 from .decode import (append_kv, decode_attention, decode_attention_rows, decode_attention_split,
                      decode_split_bounds, gather_kv)
+from .sampling import (beam_step, cdf_margin, log_softmax, philox4x32, philox_uniform, ranking, reorder_cache, sample,
+                       sample_from, sampling_probs, top_k_mask, top_p_mask)
 
 __all__ = [
     "attention", "attention_scores", "causal_mask",
@@ -18,4 +20,6 @@ __all__ = [
     "decode_attention", "decode_attention_rows", "decode_attention_split", "decode_split_bounds", "gather_kv",
     "append_kv",
     "attention_backward", "attention_probabilities",
+    "beam_step", "cdf_margin", "log_softmax", "philox4x32", "philox_uniform", "ranking", "reorder_cache", "sample",
+    "sample_from", "sampling_probs", "top_k_mask", "top_p_mask",
 ]
