@@ -1,0 +1,775 @@
+// sampling.cu -- the last step of decoding: logits (rows, V) float32 -> one token per row, and the beam-search step.
+//
+// What it computes (reference/sampling.py states the same in float64)
+//   temperature T, softmax, top-k (a prefix of the ranking: larger logit first, ties by the lower index), top-p (the
+//   shortest prefix of the ranking whose mass reaches p; the crossing token is kept), in the order
+//   temperature -> top-k -> top-p -> renormalise -> sample. Sampling is an inverse CDF in VOCABULARY order with a
+//   uniform u from Philox4x32-10 (key = seed, counter = (row, 0, offset)), so a seed gives the same u on CPU and GPU.
+//   The beam step: the K best of cum[row] + log_softmax(logits[row]) over the K rows of a sequence.
+//
+// Kernels
+//   topk_stage1   FasterTransformer's top-k, stage 1. Grid (rows, S), S = ceil(V / SLICE), block TOPK_THREADS.
+//                 A block owns SLICE = TOPK_THREADS * TOPK_EPT logits of a row; each thread keeps the TOPK_EPT it
+//                 loads as a sorted list in registers (insertion, fully unrolled: constant register indices), then
+//                 the block merges the lists: k rounds of a block-wide arg-max over the list heads, the winner
+//                 popping its head (a shift of its registers). Writes the slice's top k (value, index) to a partial.
+//   topk_sample<KB> stage 2, one block per row (sample(..., top_k_method="lists")): the S * k partial candidates, read strided into per-thread sorted
+//                 lists of KB (KB >= k) and merged the same way -> the row's top k, sorted. Then, on those k values:
+//                 softmax with T, top-p within them, the inverse CDF in index order with the Philox uniform. Optional
+//                 outputs: the top-k values and indices (the top-k kernel of the course), the renormalised row.
+//   sample_threshold  one block (SAMPLE_THREADS) per row, no sort of the row, the logits read a few times with
+//                 16-byte loads (LOAD_UNROLL in flight per thread; groups of four from the row's alignment origin):
+//                   pass 1      max M, smallest finite logit, Z = sum exp((x - M) / T) (online, per thread)
+//                   search      the crossing logit v* lies in [lo, hi]; one pass counts, for PIVOTS logits spread
+//                               evenly over [lo, hi], the number (top-k) or the mass (top-p) of the logits above each;
+//                               the pivot where that first reaches k (or p * Z) brackets v* 8 times tighter. Repeat
+//                               until at most CAND_MAX logits are left (1 to 3 rounds for real logits) or lo = hi.
+//                   gather      the logits of the bracket go to shared memory, sorted by a bitonic sort (value desc,
+//                               index asc). top-k: every logit >= lo is gathered, so the first k sorted ARE the top k;
+//                               softmax and top-p on those k, then the draw among them (no further pass). top-p: a scan
+//                               of their masses on top of the mass above hi gives v* and r, the number of logits equal
+//                               to v* that are kept (the first r by index).
+//                   sample      (top-p, plain, or a top-k cut inside a run of equal logits) one pass in index order:
+//                               a block scan of (mass of x > v*, count of x == v*) per tile gives the kept mass up to
+//                               each thread; the thread whose group crosses u * Z_kept walks it. With probs, the
+//                               renormalised row is written in the same pass.
+//   beam_lse      one block per row: lse = M + log sum exp(x - M) (sample_threshold's pass 1).
+//   beam_stage2<KB> one block per sequence: the K * S * K candidates of topk_stage1 over its K rows, scored
+//                 cum[row] + x - lse[row], merged into the K best; writes score, parent beam, token.
+//   reorder_rows  the KV cache after a beam step: dst row n = src row (n / K) * K + parent[n] (16-byte chunks).
+//   philox_uniforms  the uniforms u(seed, row, offset) themselves (the tests compare their bits with NumPy's).
+//
+// Launch (kernels/sampling.py): topk_stage1 grid (rows, S), S = ceil((V + 3) / SLICE) (+3: a row's groups start up to
+//   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block TOPK_THREADS,
+//   KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS; reorder_rows grid
+//   min(ceil(chunks / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in sample_threshold). Registers
+//   (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), topk_stage1 48, topk_sample<64> and beam_stage2<64>
+//   about 155; no spills.
+// Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
+//   probs (rows, V) float32; cum, lse (rows,) float32; beam outputs (B, K). A KV cache to reorder is (rows, ...) with
+//   row_bytes a multiple of 16.
+//
+// Limits: k <= KMAX = 64. The lists need k registers per thread (a larger k: FasterTransformer moves to other selects);
+//   sample_threshold's count search works for any k, but its gather and its serial top-p over the k survivors are
+//   sized for k <= KMAX (a larger k: a block scan over the gathered candidates, and CAND_MAX >= k). V < 2^31. A row without a finite logit, or with +inf or NaN logits, gives token 0 (and zero
+//   probabilities); indices read from memory (partials, parents) are clamped, so no input reads or writes out of bounds.
+//   |logit| < 1e37 (the pivot arithmetic); the search stops after MAX_ROUNDS rounds (never reached by finite logits
+//   of a sane range) and then treats [lo, hi] as ties at hi.
+// Numerics: float32, expf (no fast math). The GPU's kept set and token equal the float64 reference's except where a
+//   cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
+// What the next version improves: several blocks per row for sample_threshold at batch 1 (one SM reads the whole row
+//   now), bf16/fp16 logits, and the logits kept in shared memory between passes where the row fits.
+
+#ifndef TOPK_THREADS
+#define TOPK_THREADS 256
+#endif
+#ifndef TOPK_EPT
+#define TOPK_EPT 16
+#endif
+#ifndef SAMPLE_THREADS
+#define SAMPLE_THREADS 1024
+#endif
+#ifndef PIVOTS
+#define PIVOTS 7
+#endif
+#ifndef CAND_MAX
+#define CAND_MAX 2048
+#endif
+#ifndef LOAD_UNROLL
+#define LOAD_UNROLL 4
+#endif
+#ifndef REORDER_THREADS
+#define REORDER_THREADS 256
+#endif
+
+#define SLICE (TOPK_THREADS * TOPK_EPT)
+#ifndef INFINITY  // NVRTC has no <math.h>
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#define MAX_ROUNDS 64
+#define KMAX 64
+#define BIG_INDEX 0x7fffffff
+
+static_assert(TOPK_THREADS % 32 == 0 && TOPK_THREADS <= 1024, "TOPK_THREADS: whole warps");
+static_assert(SAMPLE_THREADS % 32 == 0 && SAMPLE_THREADS <= 1024, "SAMPLE_THREADS: whole warps");
+static_assert((CAND_MAX & (CAND_MAX - 1)) == 0 && CAND_MAX == 2 * SAMPLE_THREADS, "bitonic sort: one pair per thread");
+static_assert(PIVOTS >= 1 && PIVOTS <= 31, "PIVOTS: registers");
+static_assert(TOPK_EPT % 4 == 0 && LOAD_UNROLL >= 1, "16-byte groups");
+
+// ---------------------------------------------------------------------------------------------------------------
+// Philox4x32-10: counter (row, 0, offset_lo, offset_hi), key (seed_lo, seed_hi); u = top 24 bits of word 0 * 2^-24.
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float philox_uniform(unsigned long long seed, unsigned int row, unsigned long long offset) {
+    unsigned int c0 = row, c1 = 0u, c2 = (unsigned int)offset, c3 = (unsigned int)(offset >> 32);
+    unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        const unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+    }
+    return (float)(c0 >> 8) * (1.0f / 16777216.0f);
+}
+
+extern "C" __global__ void philox_uniforms(float* __restrict__ out, unsigned long long seed, unsigned long long offset,
+                                           int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = philox_uniform(seed, (unsigned int)i, offset);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Small helpers: the ranking order, warp and block reductions.
+// ---------------------------------------------------------------------------------------------------------------
+// a ranks before b: larger value first, ties by the lower index
+__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+__device__ __forceinline__ float warp_reduce(float v) {  // sum
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum of N values per thread over the block; every thread gets the N sums. red holds N * 32 floats.
+template <int NT, int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = warp_reduce(v[j]);
+    __syncthreads();  // red may still be read from a previous call
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) red[j * 32 + warp] = v[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float s = lane < NT / 32 ? red[j * 32 + lane] : 0.f;
+        v[j] = warp_reduce(s);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < NT / 32 ? red[lane] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reading a row with 16-byte loads. Row r starts at logits + r * V, 16-byte aligned only when V % 4 == 0, so groups
+// of four start at the row's alignment origin o in (-4, 0]: group g holds x[o + 4g .. o + 4g + 3]; the first and the
+// last group may stick out of the row, and those positions read as -inf.
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ int align_origin(const float* x) {
+    return -(int)((reinterpret_cast<unsigned long long>(x) & 15ull) >> 2);
+}
+
+__device__ __forceinline__ void load4(const float* __restrict__ x, int V, int i0, float (&v)[4]) {
+    if (i0 >= 0 && i0 + 4 <= V) {
+        const float4 t = __ldg(reinterpret_cast<const float4*>(x + i0));
+        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = (i0 + e >= 0 && i0 + e < V) ? __ldg(x + i0 + e) : -INFINITY;
+    }
+}
+
+// f(value, index) for every position of the row's groups (LOAD_UNROLL 16-byte loads in flight per thread); positions
+// outside [0, V) come with the value -inf.
+template <int NT, typename F>
+__device__ __forceinline__ void for_each_logit(const float* __restrict__ x, int V, F& f) {
+    const int o = align_origin(x);
+    for (int base = o + 4 * (int)threadIdx.x; base < V; base += 4 * NT * LOAD_UNROLL) {
+        float v[LOAD_UNROLL][4];
+#pragma unroll
+        for (int u = 0; u < LOAD_UNROLL; ++u) load4(x, V, base + 4 * NT * u, v[u]);
+#pragma unroll
+        for (int u = 0; u < LOAD_UNROLL; ++u) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(v[u][e], base + 4 * NT * u + e);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-thread sorted lists in registers and their block-wide merge (FasterTransformer's top-k).
+// ---------------------------------------------------------------------------------------------------------------
+template <int L>
+struct TopList {
+    float v[L];
+    int i[L];
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int j = 0; j < L; ++j) { v[j] = -INFINITY; i[j] = BIG_INDEX; }
+    }
+    // insert (x, idx) if it ranks before the last entry: one bubble pass from the end (constant indices only)
+    __device__ __forceinline__ void insert(float x, int idx) {
+        if (!ranks_before(x, idx, v[L - 1], i[L - 1])) return;
+        v[L - 1] = x; i[L - 1] = idx;
+#pragma unroll
+        for (int j = L - 1; j > 0; --j) {
+            if (ranks_before(v[j], i[j], v[j - 1], i[j - 1])) {
+                const float tv = v[j]; v[j] = v[j - 1]; v[j - 1] = tv;
+                const int ti = i[j]; i[j] = i[j - 1]; i[j - 1] = ti;
+            }
+        }
+    }
+    __device__ __forceinline__ void pop() {
+#pragma unroll
+        for (int j = 0; j < L - 1; ++j) { v[j] = v[j + 1]; i[j] = i[j + 1]; }
+        v[L - 1] = -INFINITY; i[L - 1] = BIG_INDEX;
+    }
+};
+
+// k rounds of a block-wide arg-max over the threads' list heads; the winner pops. out_v/out_i (shared, k entries)
+// get the block's top k in ranking order. red: 2 * 2 * 32 words (double-buffered per round: one barrier per round).
+template <int NT, int L>
+__device__ void block_merge(TopList<L>& list, int k, float* out_v, int* out_i, float* red_v, int* red_i) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = 0; r < k; ++r) {
+        float bv = list.v[0];
+        int bi = list.i[0];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        const int buf = (r & 1) * 32;
+        if (lane == 0) { red_v[buf + warp] = bv; red_i[buf + warp] = bi; }
+        __syncthreads();
+        bv = lane < NT / 32 ? red_v[buf + lane] : -INFINITY;
+        bi = lane < NT / 32 ? red_i[buf + lane] : BIG_INDEX;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ranks_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        // (bv, bi) is unique: indices differ, so exactly one thread holds it at its head (sentinels aside)
+        if (list.i[0] == bi && list.v[0] == bv && bi != BIG_INDEX) list.pop();
+        if (threadIdx.x == 0) { out_v[r] = bv; out_i[r] = bi; }
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// topk_stage1: the top k (k <= KMAX) of each SLICE of a row. grid (rows, S), block TOPK_THREADS.
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+topk_stage1(const float* __restrict__ logits, int V, int k, float* __restrict__ partial_v, int* __restrict__ partial_i) {
+    __shared__ float out_v[64];
+    __shared__ int out_i[64];
+    __shared__ float red_v[64];
+    __shared__ int red_i[64];
+    const int S = gridDim.y, s = blockIdx.y;
+    const long long row = blockIdx.x;
+    const float* x = logits + row * V;
+    const int start = align_origin(x) + s * SLICE;  // slices of whole 16-byte groups (see load4)
+    // ---- load this thread's TOPK_EPT logits (TOPK_EPT / 4 16-byte loads, all issued before any is used), sort ----
+    float vals[TOPK_EPT];
+#pragma unroll
+    for (int g = 0; g < TOPK_EPT / 4; ++g) {
+        float v4[4];
+        load4(x, V, start + 4 * (g * TOPK_THREADS + (int)threadIdx.x), v4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) vals[4 * g + e] = v4[e];
+    }
+    TopList<TOPK_EPT> list;
+    list.init();
+#pragma unroll
+    for (int e = 0; e < TOPK_EPT; ++e) {
+        const int idx = start + 4 * ((e / 4) * TOPK_THREADS + (int)threadIdx.x) + e % 4;
+        if (idx >= 0 && idx < V) list.insert(vals[e], idx);
+    }
+    // ---- merge across the block ----
+    block_merge<TOPK_THREADS, TOPK_EPT>(list, k, out_v, out_i, red_v, red_i);
+    if (threadIdx.x < k) {
+        const long long o = (row * S + s) * k + threadIdx.x;
+        partial_v[o] = out_v[threadIdx.x];
+        partial_i[o] = out_i[threadIdx.x];
+    }
+}
+
+// top-p on k masses in ranking order (k <= KMAX, one thread): how many the shortest prefix whose sum reaches
+// top_p * their total holds (all k for top_p >= 1).
+__device__ __forceinline__ int top_p_prefix(const float* w, int k, float top_p) {
+    if (top_p >= 1.0f) return k;
+    float total = 0.f;
+    for (int j = 0; j < k; ++j) total += w[j];
+    const float target = top_p * total;
+    float cum = 0.f;
+    for (int j = 0; j < k; ++j) {
+        cum += w[j];
+        if (cum >= target) return j + 1;
+    }
+    return k;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// topk_sample<KB>: stage 2 of top-k, then softmax, top-p and the draw on the k survivors. One block per row.
+// ---------------------------------------------------------------------------------------------------------------
+template <int KB>
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_sample(const float* __restrict__ partial_v, const int* __restrict__ partial_i, int S, int V, int k, float inv_t,
+            float top_p, unsigned long long seed, unsigned long long offset, int* __restrict__ tokens,
+            float* __restrict__ topk_v, int* __restrict__ topk_i, float* __restrict__ probs) {
+    static_assert(KB >= 1 && KB <= 64, "KB: at most 64 entries per list");
+    __shared__ float top_v[64];
+    __shared__ int top_i[64];
+    __shared__ float red_v[64];
+    __shared__ int red_i[64];
+    __shared__ float w[64];
+    __shared__ int order[64];
+    __shared__ int n_kept;
+    __shared__ float inv_zp;
+    const long long row = blockIdx.x;
+    const int n = S * k;
+    // ---- merge the S partial lists of this row ----
+    TopList<KB> list;
+    list.init();
+    for (int c = threadIdx.x; c < n; c += TOPK_THREADS) {
+        const long long o = row * n + c;
+        const int id = partial_i[o];
+        if (id >= 0 && id < V) list.insert(partial_v[o], id);  // a short slice pads with (-inf, BIG_INDEX)
+    }
+    block_merge<TOPK_THREADS, KB>(list, k, top_v, top_i, red_v, red_i);
+    // ---- softmax over the k survivors, top-p within them (ranking order) ----
+    const float m = top_v[0];
+    const bool finite = m > -INFINITY && m < INFINITY;  // NaN fails both
+    if (threadIdx.x < k) w[threadIdx.x] = finite ? expf((top_v[threadIdx.x] - m) * inv_t) : 0.f;
+    __syncthreads();
+    if (threadIdx.x == 0) n_kept = top_p_prefix(w, k, top_p);
+    __syncthreads();
+    // ---- the draw: inverse CDF over the kept entries in INDEX order (rank by index, then one walk) ----
+    if (threadIdx.x < k) {
+        const int j = threadIdx.x;
+        if (j >= n_kept) w[j] = 0.f;
+        int rank = 0;  // unique even if indices repeat (sentinels of a row with NaN logits)
+        for (int l = 0; l < n_kept; ++l) rank += (top_i[l] < top_i[j] || (top_i[l] == top_i[j] && l < j)) ? 1 : 0;
+        if (j < n_kept) order[rank] = j;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int token = 0;
+        float zp = 0.f;
+        for (int j = 0; j < n_kept; ++j) zp += w[order[j]];
+        if (finite && zp > 0.f) {
+            const float target = philox_uniform(seed, (unsigned int)row, offset) * zp;
+            float cum = 0.f;
+            int last = -1;
+            token = -1;
+            for (int j = 0; j < n_kept; ++j) {
+                const int e = order[j];
+                if (w[e] > 0.f) last = top_i[e];
+                cum += w[e];
+                if (w[e] > 0.f && cum > target) { token = top_i[e]; break; }
+            }
+            if (token < 0) token = last;  // rounding: u * zp at or past the total
+        }
+        tokens[row] = min(max(token, 0), V - 1);
+        inv_zp = zp > 0.f ? 1.f / zp : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x < k) w[threadIdx.x] *= inv_zp;
+    __syncthreads();
+    if (topk_v != nullptr && threadIdx.x < k) {
+        topk_v[row * k + threadIdx.x] = top_v[threadIdx.x];
+        topk_i[row * k + threadIdx.x] = min(max(top_i[threadIdx.x], 0), V - 1);
+    }
+    if (probs != nullptr) {
+        float* p = probs + row * V;
+        for (int i = threadIdx.x; i < V; i += TOPK_THREADS) p[i] = 0.f;
+        __syncthreads();
+        if (threadIdx.x < k && w[threadIdx.x] > 0.f) p[min(max(top_i[threadIdx.x], 0), V - 1)] = w[threadIdx.x];
+    }
+}
+
+// Pass 1 of a row (sample_threshold and beam_lse): M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t) (online per thread, then the
+// threads' sums rescaled to the block's max), n = the number of finite logits.
+template <int NT>
+__device__ void row_stats(const float* __restrict__ x, int V, float inv_t, float* red, float& M, float& mn, float& Z,
+                          float& n) {
+    float m = -INFINITY, lo = INFINITY, s = 0.f, cnt = 0.f;
+    auto visit = [&](float v, int) {
+        if (v > -INFINITY) {
+            lo = fminf(lo, v);
+            cnt += 1.f;
+            if (v > m) { s = (m > -INFINITY) ? s * expf((m - v) * inv_t) : 0.f; m = v; }
+            s += expf((v - m) * inv_t);
+        }
+    };
+    for_each_logit<NT>(x, V, visit);
+    M = block_max<NT>(m, red);
+    mn = -block_max<NT>(-lo, red);
+    float t[2] = {(m > -INFINITY && M < INFINITY) ? s * expf((m - M) * inv_t) : 0.f, cnt};
+    block_sum<NT, 2>(t, red);
+    Z = t[0];
+    n = t[1];
+}
+
+// The search rounds: narrow [lo, hi] around the crossing logit, the first logit of the ranking at which the measure
+// of the logits ranked up to it reaches `target`. BY_COUNT: the measure is their number (top-k: target = k); else
+// their mass exp((x - M) * inv_t) (top-p: target = p * Z). above: the measure of the logits > hi; n_in: the number of
+// logits in [lo, hi]. Stops when n_in + (BY_COUNT ? above : 0) <= CAND_MAX, or lo = hi. Uniform across the block.
+template <int NT, bool BY_COUNT>
+__device__ void bracket(const float* __restrict__ x, int V, float M, float inv_t, float target, float* red, float& lo,
+                        float& hi, float& above, float& n_in) {
+    for (int round = 0; round < MAX_ROUNDS && n_in + (BY_COUNT ? above : 0.f) > (float)CAND_MAX && lo < hi; ++round) {
+        float piv[PIVOTS], acc[2 * PIVOTS];  // acc[j]: count above pivot j (inside [lo, hi]); acc[PIVOTS + j]: mass
+        const float width = hi - lo, blo = lo, bhi = hi;
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j) {
+            piv[j] = fminf(lo + width * ((float)(j + 1) / (float)(PIVOTS + 1)), hi);
+            acc[j] = 0.f; acc[PIVOTS + j] = 0.f;
+        }
+        auto visit = [&](float v, int) {
+            if (v >= blo && v <= bhi) {  // only the logits inside the bracket do any work
+                const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
+#pragma unroll
+                for (int j = 0; j < PIVOTS; ++j) {
+                    const bool up = v > piv[j];
+                    acc[j] += up ? 1.f : 0.f;
+                    if (!BY_COUNT) acc[PIVOTS + j] += up ? q : 0.f;
+                }
+            }
+        };
+        for_each_logit<NT>(x, V, visit);
+        block_sum<NT, 2 * PIVOTS>(acc, red);
+        // the largest pivot whose measure above still reaches the target becomes lo (open: its successor)
+        int jl = -1;
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j)
+            if (above + (BY_COUNT ? acc[j] : acc[PIVOTS + j]) >= target) jl = j;
+        // (constant register indices only: the pivot's values are selected in an unrolled loop)
+        float new_lo = lo, new_hi = piv[0], new_n = n_in - acc[0];
+        float new_above = above + (BY_COUNT ? acc[0] : acc[PIVOTS]);
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j) {
+            if (j == jl) {
+                const int j1 = j + 1 < PIVOTS ? j + 1 : j;
+                const bool last = j + 1 == PIVOTS;
+                new_lo = nextafterf(piv[j], INFINITY);
+                new_hi = last ? hi : piv[j1];
+                new_n = acc[j] - (last ? 0.f : acc[j1]);
+                new_above = above + (last ? 0.f : (BY_COUNT ? acc[j1] : acc[PIVOTS + j1]));
+            }
+        }
+        lo = new_lo; hi = fmaxf(new_hi, new_lo); n_in = new_n; above = new_above;
+    }
+}
+
+// Gather the logits in [lo, hi] (at most CAND_MAX) into shared memory and sort them in ranking order (bitonic, on the
+// next power of two); returns how many there are. Uniform across the block.
+template <int NT>
+__device__ int gather_sort(const float* __restrict__ x, int V, float lo, float hi, float* cand_v, int* cand_i,
+                           int* n_cand) {
+    if (threadIdx.x == 0) *n_cand = 0;
+    __syncthreads();
+    auto visit = [&](float v, int i) {
+        if (v >= lo && v <= hi && i >= 0 && i < V) {
+            const int slot = atomicAdd(n_cand, 1);
+            if (slot < CAND_MAX) { cand_v[slot] = v; cand_i[slot] = i; }
+        }
+    };
+    for_each_logit<NT>(x, V, visit);
+    __syncthreads();
+    const int nc = min(*n_cand, CAND_MAX);
+    int sort_n = 2;
+    while (sort_n < nc) sort_n <<= 1;
+    for (int j = nc + threadIdx.x; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
+    for (int size = 2; size <= sort_n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < sort_n / 2; t += NT) {
+                const int a = 2 * t - (t & (stride - 1)), b = a + stride;  // the pair (a, b), a < b
+                const bool desc = (a & size) == 0;  // this half-sequence sorts in ranking order
+                const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
+                                       : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
+                if (swap) {
+                    const float tv = cand_v[a]; cand_v[a] = cand_v[b]; cand_v[b] = tv;
+                    const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return nc;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// sample_threshold: temperature -> softmax -> top-k -> top-p -> draw, no sort of the row. One block per row.
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k, float top_p,
+                 unsigned long long seed, unsigned long long offset, int* __restrict__ tokens,
+                 float* __restrict__ probs) {
+    constexpr int NT = SAMPLE_THREADS;
+    __shared__ float red[32 * 2 * PIVOTS];
+    __shared__ float cand_v[CAND_MAX];
+    __shared__ int cand_i[CAND_MAX];
+    __shared__ float w[KMAX];
+    __shared__ int order[KMAX];
+    __shared__ int n_cand, found, first_pos, s_r, s_n;
+    __shared__ float s_vstar, s_zp;
+    __shared__ float scan_g[NT / 32];
+    __shared__ int scan_c[NT / 32];
+    const long long row = blockIdx.x;
+    const float* x = logits + row * V;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // ---- pass 1: max, smallest finite logit, softmax denominator ----
+    float M, mn, Z, n_finite;
+    row_stats<NT>(x, V, inv_t, red, M, mn, Z, n_finite);
+    if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
+        if (tid == 0) tokens[row] = 0;
+        if (probs != nullptr)
+            for (int i = tid; i < V; i += NT) probs[row * V + i] = 0.f;
+        return;
+    }
+    const float u = philox_uniform(seed, (unsigned int)row, offset);
+
+    // The kept set: x > vstar, and the first r logits equal to vstar (by index). zp: its mass.
+    float vstar = -INFINITY, zp = Z;
+    int r = 0;
+    const int k = (float)top_k < n_finite ? top_k : 0;  // k >= the finite logits: every one of them is in the top k
+    if (k > 0) {
+        // ---- top-k: bracket the k-th logit of the ranking by counts ----
+        float lo = mn, hi = M, above = 0.f, n_in = n_finite;
+        bracket<NT, true>(x, V, M, inv_t, (float)k, red, lo, hi, above, n_in);
+        // every logit >= lo fits: gather them all, the first k in ranking order are the top k; else (a run of equal
+        // logits at hi) gather the fewer than k logits > hi, and the rest of the top k are the first ties at hi
+        const bool all_in = above + n_in <= (float)CAND_MAX && lo < hi;
+        const int nc = gather_sort<NT>(x, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY, cand_v, cand_i, &n_cand);
+        const int n_exact = all_in ? k : min(nc, k);
+        // ---- top-k: softmax of the k, top-p within them ----
+        if (tid < k) w[tid] = expf(((tid < n_exact ? cand_v[tid] : hi) - M) * inv_t);
+        __syncthreads();
+        if (tid == 0) {
+            const int n = top_p_prefix(w, k, top_p);
+            float z = 0.f;
+            for (int j = 0; j < n; ++j) z += w[j];
+            const float vs = n - 1 < n_exact ? cand_v[n - 1] : hi;
+            int rr = 0;
+            for (int j = 0; j < n; ++j) rr += (j < n_exact ? cand_v[j] : hi) == vs ? 1 : 0;
+            s_vstar = vs; s_r = rr; s_zp = z; s_n = n;
+        }
+        __syncthreads();
+        vstar = s_vstar; r = s_r; zp = s_zp;
+        if (all_in && probs == nullptr) {
+            // ---- top-k: the draw among the kept candidates, in index order (no further pass over the row) ----
+            const int n = s_n;
+            if (tid < n) {
+                int rank = 0;
+                for (int l = 0; l < n; ++l) rank += cand_i[l] < cand_i[tid] ? 1 : 0;  // indices are distinct
+                order[rank] = tid;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                const float target = u * zp;
+                float cum = 0.f;
+                int token = -1, last = cand_i[0];
+                for (int j = 0; j < n; ++j) {
+                    const int e = order[j];
+                    if (w[e] > 0.f) last = cand_i[e];
+                    cum += w[e];
+                    if (w[e] > 0.f && cum > target) { token = cand_i[e]; break; }
+                }
+                tokens[row] = min(max(token >= 0 ? token : last, 0), V - 1);  // no crossing (rounding): the last
+            }
+            return;
+        }
+    } else if (top_p < 1.0f) {
+        const float target = top_p * Z;
+        // ---- top-p: bracket the crossing logit by mass ----
+        float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
+        bracket<NT, false>(x, V, M, inv_t, target, red, lo, hi, mass_hi, n_in);
+        if (n_in <= (float)CAND_MAX && lo < hi) {
+            // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
+            const int nc = gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, &n_cand);
+            const int j0 = 2 * tid, j1 = 2 * tid + 1;
+            const float q0 = j0 < nc ? expf((cand_v[j0] - M) * inv_t) : 0.f;
+            const float q1 = j1 < nc ? expf((cand_v[j1] - M) * inv_t) : 0.f;
+            float incl = q0 + q1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            if (lane == 31) scan_g[warp] = incl;
+            if (tid == 0) found = BIG_INDEX;
+            __syncthreads();
+            float before = mass_hi;
+            for (int w2 = 0; w2 < warp; ++w2) before += scan_g[w2];
+            before += incl - (q0 + q1);
+            const float c0 = before + q0, c1 = c0 + q1;
+            if (j0 < nc && c0 >= target) atomicMin(&found, j0);
+            else if (j1 < nc && c1 >= target) atomicMin(&found, j1);
+            __syncthreads();
+            const int js = max(found == BIG_INDEX ? nc - 1 : found, 0);  // rounding: no crossing -> all candidates
+            vstar = cand_v[js];
+            if (tid == 0) first_pos = js;
+            __syncthreads();
+            for (int j = tid; j <= js; j += NT)
+                if (cand_v[j] == vstar && (j == 0 || cand_v[j - 1] != vstar)) first_pos = j;
+            if (j0 == js) s_zp = c0;
+            if (j1 == js) s_zp = c1;
+            __syncthreads();
+            r = js - first_pos + 1;
+            zp = s_zp;
+        } else {
+            // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
+            vstar = hi;
+            const float qv = expf((hi - M) * inv_t);
+            const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
+            r = (int)fminf(fmaxf(need, 1.f), n_in);
+            zp = mass_hi + (float)r * qv;
+        }
+    }
+
+    // ---- sample: one pass in index order, block scan of (mass of x > vstar, count of x == vstar) ----
+    const float qv = vstar > -INFINITY ? expf((vstar - M) * inv_t) : 0.f;
+    const float target = u * zp;
+    const float inv_zp = 1.f / zp;
+    const int o = align_origin(x);
+    float carry_g = 0.f;
+    int carry_c = 0, last_kept = -1;
+    __syncthreads();
+    if (tid == 0) found = BIG_INDEX;
+    __syncthreads();
+    for (int base = o; base < V; base += NT * 4) {
+        const int i0 = base + 4 * tid;  // this thread's group of four
+        float v[4];
+        load4(x, V, i0, v);
+        float g = 0.f;
+        int c = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (v[e] > vstar) g += expf((v[e] - M) * inv_t);
+            c += (v[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
+        }
+        // inclusive warp scans, then across warps
+        float gi = g;
+        int ci = c;
+#pragma unroll
+        for (int s = 1; s < 32; s <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, gi, s);
+            const int z = __shfl_up_sync(0xffffffffu, ci, s);
+            if (lane >= s) { gi += y; ci += z; }
+        }
+        if (lane == 31) { scan_g[warp] = gi; scan_c[warp] = ci; }
+        __syncthreads();
+        float g_before = carry_g, g_tile = 0.f;
+        int c_before = carry_c, c_tile = 0;
+        for (int w2 = 0; w2 < NT / 32; ++w2) {
+            if (w2 < warp) { g_before += scan_g[w2]; c_before += scan_c[w2]; }
+            g_tile += scan_g[w2];
+            c_tile += scan_c[w2];
+        }
+        g_before += gi - g;
+        c_before += ci - c;
+        // walk the group: kept mass so far = g_before + qv * min(ties so far, r)
+        float cum = g_before + qv * (float)min(c_before, r);
+        int ties = c_before;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = i0 + e;
+            if (i >= 0 && i < V) {
+                bool keep = v[e] > vstar;
+                if (v[e] == vstar) { keep = ties < r; ++ties; }
+                const float q = keep ? expf((v[e] - M) * inv_t) : 0.f;
+                if (keep && q > 0.f) last_kept = i;
+                cum += q;
+                if (keep && q > 0.f && cum > target) atomicMin(&found, i);
+                if (probs != nullptr) probs[row * V + i] = q * inv_zp;
+            }
+        }
+        carry_g += g_tile;
+        carry_c += c_tile;
+        __syncthreads();  // scan_g reused; found visible
+        if (found != BIG_INDEX && probs == nullptr) break;
+    }
+    // ---- no crossing (u * zp at or past the kept total by rounding): the last kept token ----
+    if (found == BIG_INDEX) {
+        const float lk = block_max<NT>((float)last_kept, red);
+        if (tid == 0) tokens[row] = min(max((int)lk, 0), V - 1);
+    } else if (tid == 0) {
+        tokens[row] = min(max(found, 0), V - 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The beam-search step.
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+beam_lse(const float* __restrict__ logits, int V, float* __restrict__ lse) {
+    __shared__ float red[64];
+    float M, mn, Z, n;
+    row_stats<SAMPLE_THREADS>(logits + (long long)blockIdx.x * V, V, 1.0f, red, M, mn, Z, n);
+    if (threadIdx.x == 0) lse[blockIdx.x] = (M > -INFINITY && M < INFINITY) ? M + logf(Z) : M;
+}
+
+// One block per sequence b: the K best of cum[row] + x - lse[row] over the K rows' stage-1 partials (S * K each).
+template <int KB>
+__global__ void __launch_bounds__(TOPK_THREADS)
+beam_stage2(const float* __restrict__ partial_v, const int* __restrict__ partial_i, const float* __restrict__ cum,
+            const float* __restrict__ lse, int S, int V, int K, float* __restrict__ scores, int* __restrict__ parent,
+            int* __restrict__ token) {
+    static_assert(KB >= 1 && KB <= 64, "KB: at most 64 entries per list");
+    __shared__ float top_v[64];
+    __shared__ int top_i[64];
+    __shared__ float red_v[64];
+    __shared__ int red_i[64];
+    const long long b = blockIdx.x;
+    const int per_row = S * K, n = K * per_row;
+    TopList<KB> list;
+    list.init();
+    for (int c = threadIdx.x; c < n; c += TOPK_THREADS) {
+        const int j = c / per_row;  // beam
+        const long long row = b * K + j;
+        const int tok = partial_i[b * n + c];
+        if (tok >= 0 && tok < V) list.insert(cum[row] + (partial_v[b * n + c] - lse[row]), j * V + tok);
+    }
+    block_merge<TOPK_THREADS, KB>(list, K, top_v, top_i, red_v, red_i);
+    if (threadIdx.x < K) {
+        const int flat = min(max(top_i[threadIdx.x], 0), K * V - 1);
+        scores[b * K + threadIdx.x] = top_v[threadIdx.x];
+        parent[b * K + threadIdx.x] = flat / V;
+        token[b * K + threadIdx.x] = flat % V;
+    }
+}
+
+// The KV cache after a beam step: dst row n <- src row (n / K) * K + parent[n], parent clamped to [0, K).
+extern "C" __global__ void __launch_bounds__(REORDER_THREADS)
+reorder_rows(const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ parent, int K,
+             long long rows, long long chunks_per_row) {
+    const long long total = rows * chunks_per_row;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        const long long n = idx / chunks_per_row, c = idx % chunks_per_row;
+        const int p = min(max(parent[n], 0), K - 1);
+        dst[idx] = src[((n / K) * K + p) * chunks_per_row + c];
+    }
+}
+
+#ifndef __CUDACC_RTC__
+template __global__ void topk_sample<16>(const float*, const int*, int, int, int, float, float, unsigned long long,
+                                         unsigned long long, int*, float*, int*, float*);
+template __global__ void topk_sample<64>(const float*, const int*, int, int, int, float, float, unsigned long long,
+                                         unsigned long long, int*, float*, int*, float*);
+template __global__ void beam_stage2<16>(const float*, const int*, const float*, const float*, int, int, int, float*,
+                                         int*, int*);
+template __global__ void beam_stage2<64>(const float*, const int*, const float*, const float*, int, int, int, float*,
+                                         int*, int*);
+#endif

@@ -1,0 +1,252 @@
+"""Launcher for kernels/sampling.cu: the last step of decoding (logits -> tokens) and the beam-search step.
+
+    tokens = sample(logits, temperature=0.8, top_k=50, top_p=0.95, seed=1234, offset=step)
+    tokens, probs = sample(logits, top_p=0.9, seed=1, return_probs=True)    # probs: the renormalised rows
+    values, indices = top_k(logits, 50)                                      # FasterTransformer's top-k
+    scores, parent, token = beam_step(logits, cum_logprobs, beam=4)
+    k_cache = reorder_cache(k_cache, parent)                                 # rows follow their parent beams
+    u = philox_uniforms(n, seed, offset)                                     # the uniforms rows 0..n-1 draw
+
+logits   (rows, V) float32 CuPy array, C-contiguous, 1 <= V <= MAX_VOCAB. Finite or -inf; a row with no finite
+         logit (or with +inf / NaN) gives token 0 and zero probabilities.
+temperature  a finite float > 0 (greedy decoding is top_k=1).
+top_k    0 (off) or an int; k >= V is off too; 1 <= k <= KMAX = 64 runs the top-k path, a k in (64, V) raises.
+top_p    in (0, 1]; 1 is off.
+seed, offset  ints in [0, 2^64): row r draws u = Philox4x32-10(key=seed, counter=(r, 0, offset)); reference.sampling
+         computes the same u, so a seed reproduces the same tokens on CPU and GPU (up to float32 rounding at a CDF
+         boundary, see reference.sampling.cdf_margin).
+
+Two ways to the same tokens (reference/sampling.py states the semantics both follow):
+    top_k_method="threshold" (the default, any k and p): sample_threshold, one block per row, no sort of the row:
+                    max and sum, a few pivot rounds that bracket the top-k (by count) or top-p (by mass) threshold, a
+                    gather and sort of the last few candidates, then the draw (among the k survivors for top-k; one
+                    pass over the row in index order otherwise).
+    top_k_method="lists" (0 < top_k < V only): FasterTransformer's top-k, topk_stage1 (grid (rows, S)) + topk_sample<KB>
+                    (one block per row): sorted lists in registers merged across blocks, then softmax, top-p and the
+                    draw on the k values. Reads the logits once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._core import (MAX_GRID_X, MAX_GRID_YZ, ceil_div, check_alignment, check_array, check_grid, cp, current_device,
+                    defines_from, get_kernel, scalar)
+
+KERNEL_FILE = "sampling.cu"
+WHAT = "sampling"
+DTYPES = ("float32",)
+TOPK_THREADS = 256
+TOPK_EPT = 16  # logits per thread in topk_stage1 (its per-thread list)
+SLICE = TOPK_THREADS * TOPK_EPT  # logits per stage-1 block
+SAMPLE_THREADS = 1024
+PIVOTS = 7  # pivots per search round of sample_threshold
+CAND_MAX = 2 * SAMPLE_THREADS  # candidates sorted in shared memory
+LOAD_UNROLL = 4  # 16-byte loads in flight per thread in sample_threshold's passes
+REORDER_THREADS = 256
+KMAX = 64
+LIST_BUILDS = (16, 64)  # KB: per-thread list length of stage 2; the smallest >= k is used
+MAX_VOCAB = 1 << 24  # counts are float32 sums in sample_threshold: exact below 2^24
+ALIGN = 16
+DEFINES = defines_from(TOPK_THREADS=TOPK_THREADS, TOPK_EPT=TOPK_EPT, SAMPLE_THREADS=SAMPLE_THREADS, PIVOTS=PIVOTS,
+                       CAND_MAX=CAND_MAX, LOAD_UNROLL=LOAD_UNROLL, REORDER_THREADS=REORDER_THREADS)
+NAME_EXPRESSIONS = tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
+NVRTC_BUILDS = [(NAME_EXPRESSIONS, DEFINES)]
+U64 = 2**64
+
+
+def _kernel(name: str):
+    return get_kernel(KERNEL_FILE, name, name_expressions=NAME_EXPRESSIONS, defines=DEFINES)
+
+
+def list_build(k: int) -> int:
+    """KB: the stage-2 list length for k (the smallest build >= k)."""
+    return next(kb for kb in LIST_BUILDS if kb >= k)
+
+
+def _check_logits(logits, dev, name="logits"):
+    check_array(logits, name, dtypes=DTYPES, ndim=2, dev=dev)
+    rows, V = logits.shape
+    if rows < 1 or V < 1:
+        raise ValueError(f"{name} must be (rows, V) with rows >= 1 and V >= 1; got shape {logits.shape}")
+    if V > MAX_VOCAB:
+        raise ValueError(f"{name} has V={V} columns; {WHAT} takes V <= {MAX_VOCAB} (float32 counts are exact below)")
+    return rows, V
+
+
+def _check_int(value, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= int(value) < hi:
+        raise ValueError(f"{name} must be an int in [{lo}, {hi}); got {value!r}")
+    return int(value)
+
+
+def check_sampling_params(temperature, top_k, top_p, V: int) -> tuple[float, int, float]:
+    """(temperature, k, p) after the checks: ValueError naming the argument, its value and the limit."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)):
+        raise TypeError(f"temperature must be a number; got {type(temperature).__name__}")
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0.0:
+        raise ValueError(f"temperature must be a finite number > 0; got {temperature} (greedy decoding is top_k=1)")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0: off); got {top_k!r}")
+    k = int(top_k)
+    if k >= V:
+        k = 0
+    if k > KMAX:
+        raise ValueError(f"top_k={k} is larger than {WHAT} supports (top_k <= {KMAX}, or >= V={V} for no top-k)")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.floating, np.integer)):
+        raise TypeError(f"top_p must be a number; got {type(top_p).__name__}")
+    p = float(top_p)
+    if not (0.0 < p <= 1.0):
+        raise ValueError(f"top_p must lie in (0, 1]; got {top_p}")
+    if 1.0 / t > np.finfo(np.float32).max:
+        raise ValueError(f"temperature={temperature} is too small: 1/temperature overflows float32")
+    return t, k, p
+
+
+def _stage1(logits, k):
+    rows, V = logits.shape
+    S = ceil_div(V + 3, SLICE)  # a row's 16-byte groups start up to 3 positions before it
+    check_grid(rows, WHAT + " topk_stage1", MAX_GRID_X)
+    check_grid(S, WHAT + " topk_stage1", MAX_GRID_YZ, axis="y")
+    pv = cp.empty((rows, S, k), dtype=cp.float32)
+    pi = cp.empty((rows, S, k), dtype=cp.int32)
+    _kernel("topk_stage1")((rows, S), (TOPK_THREADS,), (logits, scalar(np.int32, V), scalar(np.int32, k), pv, pi))
+    return pv, pi, S
+
+
+TOP_K_METHODS = ("threshold", "lists")
+
+
+def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=0, offset=0, return_probs=False,
+           top_k_method="threshold"):
+    """One token per row (int32, (rows,)): temperature -> top-k -> top-p -> renormalise -> draw. See the module
+    docstring. return_probs=True also returns the renormalised probabilities (rows, V) float32 (one more write of
+    the row: for tests and teaching). top_k_method: "threshold" or "lists" (how a top-k is found; same tokens)."""
+    dev = current_device()
+    rows, V = _check_logits(logits, dev)
+    t, k, p = check_sampling_params(temperature, top_k, top_p, V)
+    if top_k_method not in TOP_K_METHODS:
+        raise ValueError(f"top_k_method must be one of {TOP_K_METHODS}; got {top_k_method!r}")
+    seed = _check_int(seed, "seed", 0, U64)
+    offset = _check_int(offset, "offset", 0, U64)
+    tokens = cp.empty((rows,), dtype=cp.int32)
+    probs = cp.empty((rows, V), dtype=cp.float32) if return_probs else None
+    null = np.uintp(0)
+    inv_t = scalar(np.float32, 1.0 / t)
+    if k > 0 and top_k_method == "lists":
+        pv, pi, S = _stage1(logits, k)
+        _kernel(f"topk_sample<{list_build(k)}>")(
+            (check_grid(rows, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
+            (pv, pi, np.int32(S), np.int32(V), np.int32(k), inv_t, np.float32(p), np.uint64(seed), np.uint64(offset),
+             tokens, null, null, probs if probs is not None else null))
+    else:
+        _kernel("sample_threshold")(
+            (check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,),
+            (logits, np.int32(V), inv_t, np.int32(k), np.float32(p), np.uint64(seed), np.uint64(offset), tokens,
+             probs if probs is not None else null))
+    return (tokens, probs) if return_probs else tokens
+
+
+def top_k(logits, k: int):
+    """(values (rows, k) float32, indices (rows, k) int32): the k largest logits of each row in ranking order (larger
+    first, ties by the lower index), FasterTransformer's two stages. 1 <= k <= min(KMAX, V)."""
+    dev = current_device()
+    rows, V = _check_logits(logits, dev)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= min(KMAX, V):
+        raise ValueError(f"k must be an int in [1, {min(KMAX, V)}] (k <= {KMAX} and k <= V={V}); got {k!r}")
+    k = int(k)
+    pv, pi, S = _stage1(logits, k)
+    values = cp.empty((rows, k), dtype=cp.float32)
+    indices = cp.empty((rows, k), dtype=cp.int32)
+    tokens = cp.empty((rows,), dtype=cp.int32)
+    _kernel(f"topk_sample<{list_build(k)}>")(
+        (check_grid(rows, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
+        (pv, pi, np.int32(S), np.int32(V), np.int32(k), np.float32(1.0), np.float32(1.0), np.uint64(0), np.uint64(0),
+         tokens, values, indices, np.uintp(0)))
+    return values, indices
+
+
+def beam_step(logits, cum_logprobs, beam: int):
+    """One beam-search step: (scores (B, beam) float32, parent (B, beam) int32, token (B, beam) int32), the `beam`
+    best of cum_logprobs[b, j] + log_softmax(logits[b * beam + j]) (ties by the lower j * V + token).
+
+    logits (B * beam, V) float32; cum_logprobs (B, beam) or (B * beam,) float32 (-inf marks a dead beam, e.g. all
+    but one at the first step). 1 <= beam <= min(KMAX, V)."""
+    dev = current_device()
+    rows, V = _check_logits(logits, dev)
+    if isinstance(beam, bool) or not isinstance(beam, (int, np.integer)) or not 1 <= beam <= min(KMAX, V):
+        raise ValueError(f"beam must be an int in [1, {min(KMAX, V)}] (beam <= {KMAX} and beam <= V={V}); got {beam!r}")
+    beam = int(beam)
+    if rows % beam:
+        raise ValueError(f"logits has {rows} rows, which is not a multiple of beam={beam} (rows = B * beam)")
+    B = rows // beam
+    check_array(cum_logprobs, "cum_logprobs", dtypes=DTYPES, dev=dev)
+    if cum_logprobs.size != rows or cum_logprobs.shape not in ((B, beam), (rows,)):
+        raise ValueError(f"cum_logprobs must be ({B}, {beam}) or ({rows},); got {cum_logprobs.shape}")
+    lse = cp.empty((rows,), dtype=cp.float32)
+    _kernel("beam_lse")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,), (logits, np.int32(V), lse))
+    pv, pi, S = _stage1(logits, beam)
+    scores = cp.empty((B, beam), dtype=cp.float32)
+    parent = cp.empty((B, beam), dtype=cp.int32)
+    token = cp.empty((B, beam), dtype=cp.int32)
+    _kernel(f"beam_stage2<{list_build(beam)}>")(
+        (check_grid(B, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
+        (pv, pi, cum_logprobs, lse, np.int32(S), np.int32(V), np.int32(beam), scores, parent, token))
+    return scores, parent, token
+
+
+def reorder_cache(cache, parent, *, out=None):
+    """A KV cache (B * beam, ...) (for example notebook 08's (B * beam, Hkv, Tmax, d)) reordered by parent beam:
+    out[b * beam + j] = cache[b * beam + parent[b, j]]. parent (B, beam) int32 on the GPU; its values are clamped
+    to [0, beam) in the kernel (no check, no sync). Any dtype; a row must be a multiple of 16 bytes. out: a
+    C-contiguous array like cache, not cache itself (a gather in place would race); default a new one."""
+    dev = current_device()
+    if not isinstance(cache, cp.ndarray) or cache.ndim < 2:
+        raise TypeError(f"cache must be a cupy.ndarray of >= 2 dimensions; got {type(cache).__name__}"
+                        f"{'' if not isinstance(cache, cp.ndarray) else ' of shape ' + str(cache.shape)}")
+    check_array(cache, "cache", dtypes=(cache.dtype.name,), dev=dev)
+    check_array(parent, "parent", dtypes=("int32",), ndim=2, dev=dev)
+    B, beam = parent.shape
+    rows = cache.shape[0]
+    if B * beam != rows or beam < 1:
+        raise ValueError(f"parent {parent.shape} must be (B, beam) with B * beam = the cache's {rows} rows")
+    row_bytes = cache.nbytes // rows
+    if row_bytes % 16:
+        raise ValueError(f"a cache row is {row_bytes} bytes; reorder_cache moves 16-byte chunks (a multiple of 16)")
+    if out is None:
+        out = cp.empty_like(cache)
+    else:
+        check_array(out, "out", dtypes=(cache.dtype.name,), dev=dev)
+        if out.shape != cache.shape:
+            raise ValueError(f"out has shape {out.shape}; it must be the cache's {cache.shape}")
+        if out.data.ptr == cache.data.ptr:
+            raise ValueError("out must not be cache itself: rows read by one thread are written by another")
+    check_alignment("reorder_cache", ALIGN, cache=cache, out=out)
+    chunks = row_bytes // 16
+    total = rows * chunks
+    grid = max(1, min(ceil_div(total, REORDER_THREADS), 65536))
+    _kernel("reorder_rows")((grid,), (REORDER_THREADS,),
+                            (cache, out, parent, np.int32(beam), np.int64(rows), np.int64(chunks)))
+    return out
+
+
+def philox_uniforms(n: int, seed: int = 0, offset: int = 0):
+    """The uniforms (n,) float32 that rows 0 .. n-1 draw for (seed, offset): what sample() uses, exposed for tests."""
+    current_device()
+    n = _check_int(n, "n", 1, 2**31)
+    seed = _check_int(seed, "seed", 0, U64)
+    offset = _check_int(offset, "offset", 0, U64)
+    out = cp.empty((n,), dtype=cp.float32)
+    _kernel("philox_uniforms")((ceil_div(n, 256),), (256,), (out, np.uint64(seed), np.uint64(offset), np.int32(n)))
+    return out
+
+
+def kernels_used(top_k: int, V: int, top_k_method: str = "threshold") -> tuple[str, ...]:
+    """The kernels sample() launches for this k and V (for the notebook)."""
+    k = 0 if top_k >= V else top_k
+    if k and top_k_method == "lists":
+        return ("topk_stage1", f"topk_sample<{list_build(k)}>")
+    return ("sample_threshold",)

@@ -1,0 +1,281 @@
+"""kernels/sampling.py against the float64 reference (reference/sampling.py), on the GPU.
+
+What "equal" means here. The GPU computes in float32, the reference in float64, so two things can differ, and
+only where rounding decides: the kept set of top-p, when the cumulative mass of the ranking passes p * total within
+float32 rounding (top_p_margin below measures how close), and the sampled token, when u * total lies within
+rounding of a CDF boundary (reference.cdf_margin). Every comparison below is exact outside those margins, and a
+difference is only accepted on a row whose margin is under MARGIN.
+
+The chi-square tests draw many tokens from one distribution (the same row repeated: each row has its own Philox
+counter) and compare the counts with the reference probabilities at a false-alarm rate of ALPHA = 1e-3 per test:
+a correct sampler fails one seed in a thousand. The seed is fixed, so the outcome is deterministic: it passed for
+this seed and will keep passing unless the sampler changes. A negative control (the same counts against a slightly
+different distribution) must fail, which shows the test can.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import kernels
+import reference as R
+from kernels import sampling as SM
+
+MARGIN = 1e-5  # relative distance to a boundary below which float32 and float64 may disagree
+ALPHA_Z = 3.0902  # the standard normal's 1 - 1e-3 quantile (Wilson-Hilferty for the chi-square critical value)
+
+
+def make_logits(rows, V, *, std=1.0, seed=0, kind="normal"):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, V)) * std
+    if kind == "ties":  # many exact ties
+        x = np.round(x * 2) / 2
+    elif kind == "equal":
+        x[:] = 0.75
+    elif kind == "neg_inf":  # most logits -inf, a few finite
+        x[rng.random((rows, V)) < 0.9] = -np.inf
+        x[:, min(3, V - 1)] = 1.0
+    return x.astype(np.float32)
+
+
+def top_p_margin(logits, temperature, top_k, top_p):
+    """Per row: how close (relative to the top-k mass) the ranking's cumulative mass comes to p * total."""
+    probs = R.sampling_probs(logits, temperature)[0]  # plain softmax: no top-k or top-p
+    order = R.ranking(logits)
+    ranked = np.take_along_axis(probs, order, axis=1)
+    if 0 < top_k < logits.shape[1]:
+        ranked[:, top_k:] = 0
+    cum = np.cumsum(ranked, axis=1)
+    total = cum[:, -1:]
+    return np.abs(cum - top_p * total).min(axis=1) / total[:, 0]
+
+
+CASES = [  # V, rows, std, kind, temperature, top_k, top_p
+    (50257, 6, 1.0, "normal", 1.0, 0, 0.9),
+    (50257, 6, 10.0, "normal", 0.7, 0, 0.5),
+    (128256, 4, 1.0, "normal", 1.5, 0, 0.99),
+    (128256, 4, 3.0, "normal", 1.0, 0, 1e-6),
+    (50257, 4, 1.0, "normal", 1.0, 0, 1.0),
+    (1, 3, 1.0, "normal", 1.0, 0, 0.5),
+    (1, 3, 1.0, "normal", 0.5, 1, 1.0),
+    (50257, 4, 1.0, "ties", 1.0, 0, 0.7),
+    (50257, 3, 1.0, "equal", 1.0, 0, 0.3),
+    (50257, 3, 1.0, "neg_inf", 0.8, 0, 0.9),
+    (50257, 6, 1.0, "normal", 1.0, 1, 1.0),
+    (50257, 6, 1.0, "normal", 0.8, 50, 0.95),
+    (128256, 4, 10.0, "normal", 1.0, 64, 1.0),
+    (128256, 4, 1.0, "ties", 1.2, 40, 0.5),
+    (50257, 3, 1.0, "equal", 1.0, 16, 0.3),
+    (50257, 3, 1.0, "neg_inf", 1.0, 64, 1.0),
+    (1000, 5, 2.0, "normal", 1.0, 17, 1e-6),
+]
+
+
+CASES = [c + ("threshold",) for c in CASES] + [c + ("lists",) for c in CASES if 0 < c[5] < c[0]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_probs_and_tokens_match_reference(gpu, poison, case):
+    V, rows, std, kind, T, k, p, method = case
+    x = make_logits(rows, V, std=std, seed=V + rows, kind=kind)
+    ref_probs, ref_mask = R.sampling_probs(x, T, k, p)
+    seed, offset = 1234 + V, 7
+    tokens, probs = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
+                              return_probs=True, top_k_method=method)
+    probs, tokens = probs.get(), tokens.get()
+
+    # kept sets: exactly the reference's (as nonzero probabilities), except on a row within rounding of p
+    mask_ok = ((probs > 0) == (ref_probs > 0)).all(axis=1)
+    near = top_p_margin(x, T, k, p) < MARGIN if p < 1 else np.zeros(rows, bool)
+    assert (mask_ok | near).all(), f"kept sets differ on rows {np.flatnonzero(~mask_ok)} away from a p boundary"
+    # probabilities to float32 rounding (rows with equal kept sets)
+    if mask_ok.any():
+        res = kernels.check(probs[mask_ok], ref_probs[mask_ok], "float32")
+        assert res.ok, res.detail()
+    # tokens: the reference's for the same seed, except within rounding of a CDF boundary
+    u = R.philox_uniform(seed, np.arange(rows), offset)
+    ref_tokens = R.sample_from(ref_probs, u)
+    diff = tokens != ref_tokens
+    assert (~diff | (R.cdf_margin(ref_probs, u) < MARGIN) | near).all(), \
+        f"tokens {tokens[diff]} != reference {ref_tokens[diff]} away from a CDF boundary"
+    assert (ref_probs[np.arange(rows), tokens] > 0).all(), "a token outside the kept set"
+    # without return_probs a top-k draw takes another route (among the gathered survivors): the same tokens
+    plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
+                      top_k_method=method).get()
+    assert ((plain == tokens) | (R.cdf_margin(ref_probs, u) < MARGIN) | near).all()
+
+
+def test_philox_bits_match_numpy(gpu):
+    for seed, offset in ((0, 0), (123456789, 5), (2**64 - 1, 2**40 + 3)):
+        u = SM.philox_uniforms(5000, seed, offset).get()
+        assert np.array_equal(u.astype(np.float64), R.philox_uniform(seed, np.arange(5000), offset))
+
+
+@pytest.mark.parametrize("V, k, kind", [(50257, 1, "normal"), (50257, 50, "normal"), (128256, 64, "normal"),
+                                        (1000, 33, "ties"), (1000, 20, "equal"), (50257, 64, "neg_inf"),
+                                        (5, 5, "normal"), (4097, 64, "normal")])
+def test_top_k_values_and_indices(gpu, poison, V, k, kind):
+    x = make_logits(5, V, std=2.0, seed=k, kind=kind)
+    values, indices = SM.top_k(gpu.asarray(x), k)
+    order = R.ranking(x)[:, :k]
+    assert np.array_equal(indices.get(), order)
+    assert np.array_equal(values.get(), np.take_along_axis(x, order, axis=1))
+
+
+def test_top_k_one_is_greedy(gpu):
+    x = make_logits(64, 128256, seed=3)
+    for seed, method in ((0, "threshold"), (1, "threshold"), (0, "lists")):
+        assert np.array_equal(SM.sample(gpu.asarray(x), top_k=1, seed=seed, top_k_method=method).get(), x.argmax(1))
+
+
+def chi_square(counts, probs):
+    """(statistic, critical value at ALPHA) of counts against probs, bins with expected count < 5 pooled."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    e = np.append(expected[big], expected[~big].sum())
+    o = np.append(counts[big], counts[~big].sum())
+    if e[-1] < 5:  # fold a small pool into the smallest bin
+        i = np.argmin(e[:-1])
+        e[i] += e[-1]; o[i] += o[-1]
+        e, o = e[:-1], o[:-1]
+    stat = float(((o - e) ** 2 / e).sum())
+    df = len(e) - 1
+    crit = df * (1 - 2 / (9 * df) + ALPHA_Z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+@pytest.mark.parametrize("k, p, T, method", [(0, 0.9, 1.0, "threshold"), (50, 0.95, 0.8, "threshold"),
+                                             (50, 0.95, 0.8, "lists"), (0, 1.0, 1.3, "threshold")])
+def test_chi_square_goodness_of_fit(gpu, k, p, T, method):
+    V, n = 1000, 100_000
+    row = make_logits(1, V, std=2.0, seed=42)
+    ref, _ = R.sampling_probs(row, T, k, p)
+    x = gpu.ascontiguousarray(gpu.broadcast_to(gpu.asarray(row), (n, V)))
+    tokens = SM.sample(x, temperature=T, top_k=k, top_p=p, seed=2024, top_k_method=method).get()
+    counts = np.bincount(tokens, minlength=V)
+    assert counts[ref[0] == 0].sum() == 0, "tokens outside the kept set"
+    stat, crit = chi_square(counts, ref[0])
+    assert stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} at alpha 1e-3"
+    # negative control: the same counts against a distribution with 2% of the mass moved must fail
+    q = ref[0].copy()
+    top = np.argsort(-q)[:2]
+    q[top[0]] += 0.02; q[top[1]] -= 0.02
+    assert chi_square(counts, q)[0] > crit
+
+
+BEAM_CASES = [(3, 4, 50257), (2, 8, 1000), (1, 64, 4096), (2, 1, 128256), (2, 3, 3)]
+
+
+@pytest.mark.parametrize("B, K, V", BEAM_CASES)
+def test_beam_step(gpu, poison, B, K, V):
+    rng = np.random.default_rng(B * K + V)
+    x = (rng.standard_normal((B * K, V)) * 3).astype(np.float32)
+    cum = (rng.standard_normal((B, K)) - 5).astype(np.float32)
+    cum[0, 1:] = -np.inf  # the first step of a beam search: one live beam
+    ref_s, ref_p, ref_t = R.beam_step(x, cum, K)
+    s, par, tok = SM.beam_step(gpu.asarray(x), gpu.asarray(cum), K)
+    s, par, tok = s.get(), par.get(), tok.get()
+    fin = np.isfinite(ref_s)
+    assert np.array_equal(np.isfinite(s), fin)
+    assert np.allclose(s[fin], ref_s[fin], rtol=1e-5, atol=1e-4)
+    # the survivors: exactly the reference's wherever a survivor's score is apart from its neighbours (and from the
+    # first loser) by more than float32 error; elsewhere the GPU's pick must score the same within that error
+    scores_all = (cum.astype(float).reshape(B, K, 1) + R.log_softmax(x).reshape(B, K, V)).reshape(B, -1)
+    top = -np.sort(-scores_all, axis=1)[:, :K + 1]
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(np.diff(top, axis=1))
+    gap = np.where(np.isnan(gap), np.inf, gap)  # -inf next to -inf: ties broken by index exactly
+    clear = np.minimum(gap[:, :K], np.concatenate([np.full((B, 1), np.inf), gap[:, :K - 1]], axis=1)) > 1e-4
+    same = (par == ref_p) & (tok == ref_t)
+    assert (same | ~clear).all(), f"survivors differ at {np.argwhere(~same & clear).tolist()}"
+    picked = np.take_along_axis(scores_all, par * V + tok, axis=1)
+    assert np.allclose(picked[fin], ref_s[fin], rtol=0, atol=1e-4)
+    assert clear.mean() > 0.8, "almost every survivor should be unambiguous on random logits"
+
+
+def test_reorder_cache(gpu, poison):
+    B, K, Hkv, Tmax, d = 3, 4, 2, 40, 64
+    rng = np.random.default_rng(5)
+    cache = rng.standard_normal((B * K, Hkv, Tmax, d)).astype(np.float16)
+    parent = rng.integers(0, K, (B, K)).astype(np.int32)
+    out = SM.reorder_cache(gpu.asarray(cache), gpu.asarray(parent))
+    assert np.array_equal(out.get(), R.reorder_cache(cache, parent))
+    parent[0, 0] = 99  # out of range: clamped in the kernel, never read out of bounds
+    out = SM.reorder_cache(gpu.asarray(cache), gpu.asarray(parent)).get()
+    assert np.array_equal(out[0], cache[K - 1])
+
+
+def test_small_all_kernels(gpu, poison):
+    """A small slice of every kernel (the compute-sanitizer runs this one)."""
+    x = make_logits(3, 3000, std=2.0, seed=9)
+    for k, p, method in ((0, 0.8, "threshold"), (0, 1.0, "threshold"), (5, 0.9, "threshold"), (64, 1.0, "lists")):
+        tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=3, return_probs=True, top_k_method=method)
+        ref_probs, _ = R.sampling_probs(x, 1.0, k, p)
+        assert kernels.check(probs.get(), ref_probs, "float32").ok
+    SM.sample(gpu.asarray(x), top_k=7, top_p=0.5, seed=3)  # the draw among the gathered top k
+    ties = make_logits(2, 3001, kind="ties", seed=2)  # enough candidates for the pivot rounds and the gather
+    mixed = gpu.asarray(np.concatenate([ties, make_logits(1, 3001, kind="equal")]))  # V odd: unaligned rows
+    SM.sample(mixed, top_p=0.6, seed=1)
+    SM.sample(mixed, top_k=9, top_p=0.6, seed=1)
+    s, par, tok = SM.beam_step(gpu.asarray(make_logits(4, 500, seed=1)), gpu.zeros((2, 2), gpu.float32), 2)
+    assert np.array_equal(tok.get(), R.beam_step(make_logits(4, 500, seed=1), np.zeros((2, 2)), 2)[2])
+    SM.reorder_cache(gpu.ones((4, 8), gpu.float32), gpu.asarray(np.array([[1, 0], [1, 1]], np.int32)))
+    gpu.cuda.get_current_stream().synchronize()
+
+
+def test_errors(gpu):
+    cp = gpu
+    x = cp.asarray(make_logits(4, 1000))
+    with pytest.raises(TypeError, match="logits"):
+        SM.sample(x.get())
+    with pytest.raises(TypeError, match="float64"):
+        SM.sample(x.astype(cp.float64))
+    with pytest.raises(ValueError, match="2-D"):
+        SM.sample(x[0])
+    with pytest.raises(ValueError, match="contiguous"):
+        SM.sample(x[:, ::2])
+    with pytest.raises(ValueError, match=r"shape \(0, 1000\)"):
+        SM.sample(x[:0])
+    for t in (0.0, -1.0, float("inf"), float("nan"), 1e-40):
+        with pytest.raises(ValueError, match="temperature"):
+            SM.sample(x, temperature=t)
+    with pytest.raises(TypeError, match="temperature"):
+        SM.sample(x, temperature="1")
+    for k in (-1, 65, 999, 1.5, True):
+        with pytest.raises(ValueError, match="top_k"):
+            SM.sample(x, top_k=k)
+    assert SM.sample(x, top_k=1000).shape == (4,)  # k >= V: no top-k
+    with pytest.raises(ValueError, match="top_k_method"):
+        SM.sample(x, top_k=5, top_k_method="sort")
+    for p in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="top_p"):
+            SM.sample(x, top_p=p)
+    for name, bad in (("seed", -1), ("seed", 2**64), ("offset", -3), ("seed", 1.0)):
+        with pytest.raises(ValueError, match=name):
+            SM.sample(x, **{name: bad})
+    for k in (0, 65, 1001):
+        with pytest.raises(ValueError, match="k must be"):
+            SM.top_k(x, k)
+    cum = cp.zeros((2, 2), cp.float32)
+    for beam in (0, 65, 3):
+        with pytest.raises(ValueError, match="beam"):
+            SM.beam_step(x, cum, beam)
+    with pytest.raises(ValueError, match="cum_logprobs"):
+        SM.beam_step(x, cp.zeros((4, 1), cp.float32), 2)
+    with pytest.raises(TypeError, match="cum_logprobs"):
+        SM.beam_step(x, cp.zeros((2, 2), cp.float64), 2)
+    cache = cp.zeros((4, 2, 8, 64), cp.float16)
+    with pytest.raises(ValueError, match="parent"):
+        SM.reorder_cache(cache, cp.zeros((3, 2), cp.int32))
+    with pytest.raises(TypeError, match="int32"):
+        SM.reorder_cache(cache, cp.zeros((2, 2), cp.int64))
+    with pytest.raises(ValueError, match="16"):
+        SM.reorder_cache(cp.zeros((4, 3), cp.float16), cp.zeros((2, 2), cp.int32))
+    with pytest.raises(ValueError, match="out"):
+        SM.reorder_cache(cache, cp.zeros((2, 2), cp.int32), out=cache)
+    with pytest.raises(TypeError, match="cache"):
+        SM.reorder_cache(np.zeros((4, 8)), cp.zeros((2, 2), cp.int32))
+    with pytest.raises(ValueError, match="n must"):
+        SM.philox_uniforms(0)
