@@ -101,7 +101,7 @@ def check_sampling_params(temperature, top_k, top_p, V: int) -> tuple[float, int
     p = float(top_p)
     if not (0.0 < p <= 1.0):
         raise ValueError(f"top_p must lie in (0, 1]; got {top_p}")
-    if 1.0 / t > np.finfo(np.float32).max:
+    if 1.0 / t > float(np.finfo(np.float32).max):  # a Python float: no float32 cast (and no overflow warning)
         raise ValueError(f"temperature={temperature} is too small: 1/temperature overflows float32")
     return t, k, p
 
