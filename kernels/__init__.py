@@ -28,6 +28,7 @@ from . import naive, softmax  # noqa: E402,F401
 from . import cublas_attention, flash1, flash2  # noqa: E402,F401
 from . import cublas_half  # noqa: E402,F401
 from . import flash2_mma  # noqa: E402,F401
+from . import flash2_mma_bwd, softmax_bwd  # noqa: E402,F401  (backward kernels; kernels/torch_ops.py uses them)
 from . import flash2_wmma  # noqa: E402,F401
 from . import flash2_triton  # noqa: E402,F401  (Triton; imports torch and Triton only when it launches)
 from . import decode_ft  # noqa: E402,F401
