@@ -1,0 +1,332 @@
+"""The backward kernels and the PyTorch custom operators of kernels/torch_ops.py (notebook 12), on the GPU.
+
+- flash2_mma_bwd (launcher level): dq, dk, dv against the float64 reference (reference/backward.py) for ragged T,
+  Tq != Tk both ways, causal and not (rows that see no key: exactly zero gradients), every head-size build
+  (d in {32, 64, 96, 128} and a d between builds), fp16 and bf16, std 1 and a larger magnitude; outputs poisoned.
+- softmax_bwd (launcher level): the masked softmax's backward against float64, lengths 0, 1, ragged, full and out of
+  range (clamped).
+- the operators: gradients through torch.autograd against float64 (also through the lse output), torch.library.opcheck
+  on each of the four, a side-stream test, torch.compile(fullgraph=True) against eager, clear errors.
+- fake/meta implementations: no GPU needed (only torch).
+
+Skipped with the reason where torch or a GPU is missing (CPU CI has no torch).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the custom operators need it)")
+
+import kernels  # noqa: E402
+import reference as R  # noqa: E402
+from kernels import flash2_mma, flash2_mma_bwd, softmax, softmax_bwd, torch_ops  # noqa: E402
+
+DTYPES = ("float16", "bfloat16")
+# (B, H, Tq, Tk, d, causal, magnitude): ragged lengths, Tq < Tk and Tq > Tk (causal: rows that see no key), every
+# head-size build and d = 40 (zero-filled columns of the D = 64 build)
+CASES = [
+    (1, 2, 1, 1, 32, False, 1.0),
+    (2, 3, 77, 77, 64, True, 1.0),
+    (1, 2, 64, 200, 96, True, 1.0),
+    (1, 2, 200, 64, 128, True, 1.0),
+    (2, 1, 129, 257, 128, False, 4.0),
+    (1, 2, 150, 33, 40, False, 1.0),
+    (1, 1, 300, 300, 64, True, 4.0),
+    (2, 2, 16, 130, 32, True, 1.0),
+]
+
+
+@pytest.fixture(scope="module")
+def cuda(gpu):
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return gpu
+
+
+def _problem(cp, B, H, Tq, Tk, d, dtype, mag, seed=0):
+    q, k, v = R.make_qkv(B, H, Tq, d, Tk, magnitude=mag, seed=seed, dtype=dtype)
+    do = np.random.default_rng(seed + 1).standard_normal((B, H, Tq, d)).astype(dtype)
+    dev = [cp.asarray(x) for x in (q, k, v, do)]
+    host = [x.astype(np.float64) for x in (q, k, v, do)]  # exactly the values the GPU sees
+    return dev, host
+
+
+def _no_key_rows(Tq, Tk, causal):
+    """Query rows that see no key (bottom-right causal with Tq > Tk)."""
+    return max(Tq - Tk, 0) if causal else 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,Tq,Tk,d,causal,mag", CASES)
+def test_backward_kernel_matches_reference(cuda, poison, dtype, B, H, Tq, Tk, d, causal, mag):
+    cp = cuda
+    (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, B, H, Tq, Tk, d, dtype, mag)
+    o, lse = flash2_mma.forward(q, k, v, causal=causal, return_lse=True)
+    dq, dk, dv = flash2_mma_bwd.backward(q, k, v, o, lse, do, causal=causal)
+    refs = R.attention_backward(q64, k64, v64, do64, causal=causal)
+    for name, out, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    blind = _no_key_rows(Tq, Tk, causal)
+    if blind:
+        assert not cp.any(dq[:, :, :blind].view(cp.int16)), "rows that see no key must get exactly zero dq"
+
+
+def test_backward_kernel_lse_gradient_and_scale(cuda, poison):
+    """dlse (the gradient of the lse output) shifts delta; an explicit scale; checked against float64."""
+    cp = cuda
+    B, H, Tq, Tk, d, scale = 1, 2, 70, 90, 64, 0.3
+    (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, B, H, Tq, Tk, d, "float16", 1.0, seed=3)
+    dlse64 = np.random.default_rng(7).standard_normal((B, H, Tq)).astype(np.float32)
+    o, lse = flash2_mma.forward(q, k, v, causal=True, scale=scale, return_lse=True)
+    dq, dk, dv = flash2_mma_bwd.backward(q, k, v, o, lse, do, causal=True, scale=scale, dlse=cp.asarray(dlse64))
+    rq, rk, rv = R.attention_backward(q64, k64, v64, do64, causal=True, scale=scale)
+    p = R.attention_probabilities(q64, k64, causal=True, scale=scale)
+    extra = p * dlse64.astype(np.float64)[..., None]  # d lse_i / d S_ij = P_ij
+    rq = rq + scale * extra @ k64
+    rk = rk + scale * np.swapaxes(extra, -1, -2) @ q64
+    for name, out, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        res = kernels.check(out, ref, "float16")
+        assert res.ok, f"{name}: {res.detail()}"
+
+
+def test_backward_launcher_errors(cuda):
+    cp = cuda
+    (q, k, v, do), _ = _problem(cp, 1, 1, 8, 8, 32, "float16", 1.0)
+    o, lse = flash2_mma.forward(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse"):
+        flash2_mma_bwd.backward(q, k, v, o, lse[:, :, :4].copy(), do)
+    with pytest.raises(TypeError, match="do"):
+        flash2_mma_bwd.backward(q, k, v, o, lse, do.astype(cp.float32))
+    with pytest.raises(ValueError, match="workspace"):
+        flash2_mma_bwd.backward(q, k, v, o, lse, do, workspace=cp.empty(10, dtype=cp.float32))
+    with pytest.raises(ValueError, match="scale"):
+        flash2_mma_bwd.backward(q, k, v, o, lse, do, scale=-1.0)
+
+
+def _softmax_ref(x, lengths, dy):
+    """float64 masked softmax and its backward, lengths clamped to [0, cols]."""
+    rows, cols = x.shape
+    y = np.zeros_like(x)
+    dx = np.zeros_like(x)
+    for r in range(rows):
+        n = min(max(int(lengths[r]), 0), cols)
+        if n:
+            e = np.exp(x[r, :n] - x[r, :n].max())
+            y[r, :n] = e / e.sum()
+            dx[r, :n] = y[r, :n] * (dy[r, :n] - (dy[r, :n] * y[r, :n]).sum())
+    return y, dx
+
+
+@pytest.mark.parametrize("cols", [1, 7, 128, 4099, 40000])
+def test_softmax_backward_kernel(cuda, poison, cols):
+    cp = cuda
+    rng = np.random.default_rng(cols)
+    rows = 9
+    x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+    dy = rng.standard_normal((rows, cols)).astype(np.float32)
+    lengths = np.array([0, 1, cols, cols // 2, cols + 5, -3, max(cols - 1, 0), 3, cols], dtype=np.int32)
+    y_ref, dx_ref = _softmax_ref(x.astype(np.float64), lengths, dy.astype(np.float64))
+    y = softmax.masked_softmax(cp.asarray(x), cp.asarray(lengths))
+    dx = softmax_bwd.backward(y, cp.asarray(dy), cp.asarray(lengths))
+    res = kernels.check(dx, dx_ref, "float32")
+    assert res.ok, res.detail()
+    blank = np.minimum(np.maximum(lengths, 0), cols) == 0
+    assert not cp.any(dx[cp.asarray(blank)]), "a row of length 0 must get zero gradient"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The operators
+# ---------------------------------------------------------------------------------------------------------
+
+def _tensors(B, H, Tq, Tk, d, dtype, mag=1.0, seed=0):
+    q, k, v = R.make_qkv(B, H, Tq, d, Tk, magnitude=mag, seed=seed)
+    do = np.random.default_rng(seed + 1).standard_normal((B, H, Tq, d))
+    tdt = getattr(torch, dtype)
+    ts = [torch.tensor(x, dtype=tdt, device="cuda") for x in (q, k, v, do)]
+    host = [t.double().cpu().numpy() for t in ts]
+    return ts, host
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,Tq,Tk,d,causal,mag", CASES[1:6])
+def test_attention_op_gradients(cuda, dtype, B, H, Tq, Tk, d, causal, mag):
+    (q, k, v, do), (q64, k64, v64, do64) = _tensors(B, H, Tq, Tk, d, dtype, mag)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o = torch_ops.attention(q, k, v, causal=causal)
+    res = kernels.check(o.detach().float().cpu().numpy(), R.attention(q64, k64, v64, causal=causal), dtype)
+    assert res.ok, f"o: {res.detail()}"
+    o.backward(do)
+    for name, t, ref in zip(("dq", "dk", "dv"), (q, k, v), R.attention_backward(q64, k64, v64, do64, causal=causal)):
+        res = kernels.check(t.grad.float().cpu().numpy(), ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    blind = _no_key_rows(Tq, Tk, causal)
+    if blind:
+        assert not q.grad[:, :, :blind].any()
+
+
+def test_attention_op_through_transposed_views(cuda):
+    """In a model, dO arrives as a transposed view (o.transpose(1, 2) downstream): the op makes it contiguous."""
+    (q, k, v, do), (q64, k64, v64, do64) = _tensors(2, 4, 96, 96, 64, "float16", seed=5)
+    q.requires_grad_(True)
+    o = torch_ops.attention(q, k, v, causal=True)
+    y = o.transpose(1, 2).reshape(2, 96, 4 * 64)  # (B, T, H d), as a model's output projection sees it
+    y.backward(do.transpose(1, 2).reshape(2, 96, 4 * 64))
+    ref = R.attention_backward(q64, k64, v64, do64, causal=True)[0]
+    res = kernels.check(q.grad.float().cpu().numpy(), ref, "float16")
+    assert res.ok, res.detail()
+
+
+def test_masked_softmax_op_gradients(cuda):
+    rng = np.random.default_rng(11)
+    rows, cols = 12, 100
+    x64 = rng.standard_normal((rows, cols)) * 2
+    dy64 = rng.standard_normal((rows, cols))
+    lengths = np.array([0, 1, 100, 50, 99, 3, 64, 65, 7, 100, 2, 33], dtype=np.int32)
+    x = torch.tensor(x64, dtype=torch.float32, device="cuda", requires_grad=True)
+    y = torch_ops.masked_softmax(x, torch.tensor(lengths, device="cuda"))
+    y.backward(torch.tensor(dy64, dtype=torch.float32, device="cuda"))
+    x32 = x.detach().double().cpu().numpy()
+    y_ref, dx_ref = _softmax_ref(x32, lengths, torch.tensor(dy64, dtype=torch.float32).double().numpy())
+    assert kernels.check(y.detach().cpu().numpy(), y_ref, "float32").ok
+    res = kernels.check(x.grad.cpu().numpy(), dx_ref, "float32")
+    assert res.ok, res.detail()
+
+
+def test_masked_softmax_op_finite_differences(cuda):
+    """torch.autograd.gradcheck in float32 (the op takes no float64): central differences of step 1e-3."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, device="cuda", dtype=torch.float32, requires_grad=True)
+    lengths = torch.tensor([7, 4, 1], dtype=torch.int32, device="cuda")
+    assert torch.autograd.gradcheck(lambda t: torch_ops.masked_softmax(t, lengths), (x,), eps=1e-3, atol=2e-3,
+                                    rtol=1e-2, nondet_tol=0.0)
+
+
+def test_attention_op_lse_gradient(cuda):
+    (q, k, v, do), (q64, k64, v64, do64) = _tensors(1, 2, 40, 56, 32, "float16", seed=9)
+    dlse = torch.randn(1, 2, 40, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    o, lse = torch_ops.attention_with_lse(q, k, v, causal=False)
+    ((o.float() * do.float()).sum() + (lse * dlse).sum()).backward()
+    rq, rk, _ = R.attention_backward(q64, k64, v64, do64)
+    scale = 1 / math.sqrt(32)
+    extra = R.attention_probabilities(q64, k64, scale=scale) * dlse.double().cpu().numpy()[..., None]
+    for name, t, ref in (("dq", q, rq + scale * extra @ k64), ("dk", k, rk + scale * np.swapaxes(extra, -1, -2) @ q64)):
+        res = kernels.check(t.grad.float().cpu().numpy(), ref, "float16")
+        assert res.ok, f"{name}: {res.detail()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck_attention_ops(cuda, dtype):
+    (q, k, v, do), _ = _tensors(2, 2, 48, 80, 64, dtype, seed=2)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    torch.library.opcheck(torch.ops.course.flash_attn_fwd.default, (q, k, v, True, 0.125))
+    o, lse = torch.ops.course.flash_attn_fwd(q.detach(), k.detach(), v.detach(), True, 0.125)
+    torch.library.opcheck(torch.ops.course.flash_attn_bwd.default,
+                          (do, q.detach(), k.detach(), v.detach(), o, lse, None, True, 0.125))
+
+
+def test_opcheck_softmax_ops(cuda):
+    x = torch.randn(6, 50, device="cuda", requires_grad=True)
+    lengths = torch.tensor([0, 1, 50, 25, 49, 3], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(torch.ops.course.masked_softmax.default, (x, lengths))
+    y = torch.ops.course.masked_softmax(x.detach(), lengths)
+    torch.library.opcheck(torch.ops.course.masked_softmax_bwd.default, (y, torch.randn_like(y), lengths))
+
+
+def test_ops_follow_torch_current_stream(cuda):
+    """On a side stream whose inputs are written after a long sleep, an op launched on any other stream would read
+    them too early; the ops must give the right answer."""
+    (q, k, v, do), (q64, k64, v64, do64) = _tensors(1, 4, 256, 256, 64, "float16", seed=4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # about 25 ms of GPU cycles before the inputs exist
+        qs = torch.empty_like(q).copy_(q).requires_grad_(True)
+        o = torch_ops.attention(qs, k, v, causal=True)
+        o.backward(do)
+        x = torch.empty(64, 300, device="cuda").copy_(torch.arange(300.0, device="cuda").sin().expand(64, 300))
+        y = torch_ops.masked_softmax(x, torch.full((64,), 200, dtype=torch.int32, device="cuda"))
+    side.synchronize()
+    assert kernels.check(o.detach().float().cpu().numpy(), R.attention(q64, k64, v64, causal=True), "float16").ok
+    res = kernels.check(qs.grad.float().cpu().numpy(), R.attention_backward(q64, k64, v64, do64, causal=True)[0],
+                        "float16")
+    assert res.ok, res.detail()
+    x64 = np.sin(np.arange(300.0, dtype=np.float32)).astype(np.float64)
+    y_ref, _ = _softmax_ref(np.tile(x64, (64, 1)), np.full(64, 200), np.zeros((64, 300)))
+    assert kernels.check(y.cpu().numpy(), y_ref, "float32").ok
+
+
+class _Block(torch.nn.Module):
+    """Attention on projected q, k, v (our op), then a masked softmax over a score row (our op)."""
+
+    def __init__(self, C=128, H=2):
+        super().__init__()
+        self.H = H
+        self.qkv = torch.nn.Linear(C, 3 * C)
+        self.proj = torch.nn.Linear(C, C)
+
+    def forward(self, x, lengths):
+        B, T, C = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.H, C // self.H).permute(2, 0, 3, 1, 4).half().contiguous()
+        y = torch_ops.attention(*qkv.unbind(0), causal=True).transpose(1, 2).reshape(B, T, C)
+        y = self.proj(y.float())
+        return torch_ops.masked_softmax(y.reshape(B * T, C).contiguous(), lengths)
+
+
+def test_torch_compile_fullgraph_matches_eager(cuda):
+    torch.manual_seed(0)
+    model = _Block().cuda()  # float32 projections, attention in float16: eager and compiled differ only there
+    x = torch.randn(2, 64, 128, device="cuda")
+    lengths = torch.randint(1, 129, (128,), dtype=torch.int32, device="cuda")
+    eager = model(x, lengths)
+    eager.square().sum().backward()
+    g_eager = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x, lengths)
+    out.square().sum().backward()
+    res = kernels.check(out.detach().cpu().numpy(), eager.detach().double().cpu().numpy(), "float16")
+    assert res.ok, res.detail()
+    for p, g in zip(model.parameters(), g_eager):
+        res = kernels.check(p.grad.float().cpu().numpy(), g.double().cpu().numpy(), "float16")
+        assert res.ok, res.detail()
+
+
+def test_op_errors(cuda):
+    (q, k, v, _), _ = _tensors(1, 2, 16, 16, 32, "float16")
+    with pytest.raises(ValueError, match="cpu"):
+        torch_ops.attention(q.cpu(), k.cpu(), v.cpu())
+    with pytest.raises(TypeError, match="dtype"):
+        torch_ops.attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="contiguous"):
+        torch_ops.attention(q.transpose(2, 3), k, v)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        torch_ops.attention(q[..., :20].contiguous(), k[..., :20].contiguous(), v[..., :20].contiguous())
+    x = torch.randn(4, 10, device="cuda")
+    lengths = torch.full((4,), 5, dtype=torch.int32, device="cuda")
+    with pytest.raises(TypeError, match="dtype"):
+        torch_ops.masked_softmax(x.half(), lengths)
+    with pytest.raises(TypeError, match="lengths"):
+        torch_ops.masked_softmax(x, lengths.long())
+    with pytest.raises(ValueError, match="cpu"):
+        torch_ops.masked_softmax(x.cpu(), lengths.cpu())
+    with pytest.raises(ValueError, match="contiguous"):
+        torch_ops.masked_softmax(x.t(), lengths)
+
+
+def test_fake_implementations_need_no_gpu():
+    """Shapes through the meta (fake) implementations: what torch.compile traces with, on any machine."""
+    q = torch.empty(2, 3, 17, 64, dtype=torch.float16, device="meta")
+    k = torch.empty(2, 3, 33, 64, dtype=torch.float16, device="meta")
+    o, lse = torch.ops.course.flash_attn_fwd(q, k, k, True, 0.125)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (2, 3, 17) and lse.dtype == torch.float32
+    dq, dk, dv = torch.ops.course.flash_attn_bwd(o, q, k, k, o, lse, None, True, 0.125)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+    x = torch.empty(5, 9, device="meta")
+    assert torch.ops.course.masked_softmax(x, torch.empty(5, dtype=torch.int32, device="meta")).shape == (5, 9)
