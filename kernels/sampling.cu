@@ -8,13 +8,14 @@
 //   The beam step: the K best of cum[row] + log_softmax(logits[row]) over the K rows of a sequence.
 //
 // Kernels
-//   topk_stage1   FasterTransformer's top-k, stage 1. Grid (rows, S), S = ceil(V / SLICE), block TOPK_THREADS.
+//   topk_stage1   FasterTransformer's top-k, stage 1. Grid (rows, S), S = ceil((V + 3) / SLICE), block TOPK_THREADS.
 //                 A block owns SLICE = TOPK_THREADS * TOPK_EPT logits of a row; each thread keeps the TOPK_EPT it
 //                 loads as a sorted list in registers (insertion, fully unrolled: constant register indices), then
 //                 the block merges the lists: k rounds of a block-wide arg-max over the list heads, the winner
 //                 popping its head (a shift of its registers). Writes the slice's top k (value, index) to a partial.
-//   topk_sample<KB> stage 2, one block per row (sample(..., top_k_method="lists")): the S * k partial candidates, read strided into per-thread sorted
-//                 lists of KB (KB >= k) and merged the same way -> the row's top k, sorted. Then, on those k values:
+//   topk_sample<KB> stage 2, one block per row (sample(..., top_k_method="lists")): the S * k partial candidates,
+//                 read strided into per-thread sorted lists of KB (KB >= k) and merged the same way -> the row's
+//                 top k, sorted. Then, on those k values:
 //                 softmax with T, top-p within them, the inverse CDF in index order with the Philox uniform. Optional
 //                 outputs: the top-k values and indices (the top-k kernel of the course), the renormalised row.
 //   sample_threshold  one block (SAMPLE_THREADS) per row, no sort of the row, the logits read a few times with
@@ -40,18 +41,19 @@
 //   philox_uniforms  the uniforms u(seed, row, offset) themselves (the tests compare their bits with NumPy's).
 //
 // Launch (kernels/sampling.py): topk_stage1 grid (rows, S), S = ceil((V + 3) / SLICE) (+3: a row's groups start up to
-//   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block TOPK_THREADS,
-//   KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS; reorder_rows grid
-//   min(ceil(chunks / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in sample_threshold). Registers
-//   (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), topk_stage1 48, topk_sample<64> and beam_stage2<64>
-//   about 155; no spills.
+//   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block
+//   TOPK_THREADS, KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS;
+//   reorder_rows grid min(ceil(chunks / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in
+//   sample_threshold). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), topk_stage1 48,
+//   topk_sample<64> and beam_stage2<64> about 155; no spills.
 // Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
 //   probs (rows, V) float32; cum, lse (rows,) float32; beam outputs (B, K). A KV cache to reorder is (rows, ...) with
 //   row_bytes a multiple of 16.
 //
 // Limits: k <= KMAX = 64. The lists need k registers per thread (a larger k: FasterTransformer moves to other selects);
 //   sample_threshold's count search works for any k, but its gather and its serial top-p over the k survivors are
-//   sized for k <= KMAX (a larger k: a block scan over the gathered candidates, and CAND_MAX >= k). V < 2^31. A row without a finite logit, or with +inf or NaN logits, gives token 0 (and zero
+//   sized for k <= KMAX (a larger k: a block scan over the gathered candidates, and CAND_MAX >= k). V <= 2^24 (counts
+//   are float32 sums, exact below). A row without a finite logit, or with +inf or NaN logits, gives token 0 (and zero
 //   probabilities); indices read from memory (partials, parents) are clamped, so no input reads or writes out of bounds.
 //   |logit| < 1e37 (the pivot arithmetic); the search stops after MAX_ROUNDS rounds (never reached by finite logits
 //   of a sane range) and then treats [lo, hi] as ties at hi.
@@ -396,8 +398,8 @@ topk_sample(const float* __restrict__ partial_v, const int* __restrict__ partial
     }
 }
 
-// Pass 1 of a row (sample_threshold and beam_lse): M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t) (online per thread, then the
-// threads' sums rescaled to the block's max), n = the number of finite logits.
+// Pass 1 of a row (sample_threshold and beam_lse): M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t)
+// (online per thread, then the threads' sums rescaled to the block's max), n = the number of finite logits.
 template <int NT>
 __device__ void row_stats(const float* __restrict__ x, int V, float inv_t, float* red, float& M, float& mn, float& Z,
                           float& n) {
