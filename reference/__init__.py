@@ -10,6 +10,9 @@ from .decode import (append_kv, decode_attention, decode_attention_rows, decode_
                      decode_split_bounds, gather_kv)
 from .sampling import (beam_step, cdf_margin, log_softmax, philox4x32, philox_uniform, ranking, reorder_cache, sample,
                        sample_from, sampling_probs, top_k_mask, top_p_mask)
+from .varlen import (bert_layer_packed, bert_layer_padded, check_cu_seqlens, cu_seqlens_from_lengths,
+                     lengths_from_mask, make_bert_weights, padded_attention, remove_padding, restore_padding,
+                     token_offsets, varlen_attention)
 
 __all__ = [
     "attention", "attention_scores", "causal_mask",
@@ -19,7 +22,9 @@ __all__ = [
     "make_qkv",
     "decode_attention", "decode_attention_rows", "decode_attention_split", "decode_split_bounds", "gather_kv",
     "append_kv",
-    "attention_backward", "attention_probabilities",
+    "lengths_from_mask", "cu_seqlens_from_lengths", "check_cu_seqlens", "token_offsets", "remove_padding",
+    "restore_padding", "varlen_attention", "padded_attention", "bert_layer_padded", "bert_layer_packed",
+    "make_bert_weights",
     "beam_step", "cdf_margin", "log_softmax", "philox4x32", "philox_uniform", "ranking", "reorder_cache", "sample",
     "sample_from", "sampling_probs", "top_k_mask", "top_p_mask",
 ]
