@@ -22,6 +22,7 @@ __all__ = [
     "make_qkv",
     "decode_attention", "decode_attention_rows", "decode_attention_split", "decode_split_bounds", "gather_kv",
     "append_kv",
+    "attention_backward", "attention_probabilities",
     "lengths_from_mask", "cu_seqlens_from_lengths", "check_cu_seqlens", "token_offsets", "remove_padding",
     "restore_padding", "varlen_attention", "padded_attention", "bert_layer_padded", "bert_layer_packed",
     "make_bert_weights",
