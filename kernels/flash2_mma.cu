@@ -63,6 +63,18 @@
 //           fill in at the end.
 //   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
 //
+// The varlen kernel (flash2_mma_varlen; notebook 09): packed tokens, FlashAttention's varlen interface
+//   q (total_q, H, d), k and v (total_k, H, d), token-major with the heads of a token side by side (the layout a
+//   projection GEMM writes: no transpose before or after attention; a token's rows may lie further apart, e.g. 3 H d
+//   inside one fused QKV output); cu_seqlens_q, cu_seqlens_k (int32, B+1): sequence b owns rows cu[b] .. cu[b+1]-1.
+//   o (total_q, H, d), lse (H, total_q). Causal is bottom-right per sequence (its own Tq and Tk).
+//   grid  = (ceil(max_seqlen_q / BR), H, B): block (x, h, b) takes query tile x of sequence b, head h; a block whose
+//           tile lies past its sequence's end exits before loading anything, so the only cost of padding is the
+//           launch of those empty blocks. Tiles go last to first within a sequence, as in the dense kernel.
+//   What changed against the dense kernel: only where a block's rows are. Both kernels compute their pointers, row
+//   strides and lengths, then both call attention_block, the whole FA2 loop; the dense kernel passes row
+//   strides of d, which compiles to the very instructions it had before the split (checked with cuobjdump -sass).
+//
 // Code layout (each step is a force-inlined device function on one warp's registers)
 //   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
 //   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
@@ -70,13 +82,18 @@
 //   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
 //   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
 //   store_output         O / l and the LSE
+//   attention_block      one block's work: Q tile, the K/V loop over the steps above, the store
 //
 // Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES)
 //   D=32: 166, D=64: 168 (capped by __launch_bounds__(128, 3) for three blocks per SM), D=96: 248, no spills;
 //   D=128: 255 registers and 44 bytes of spill stores per thread: the O accumulators (64 floats at MT=2) and S
 //   (32 floats) do not fit beside the fragments in flight. For sm_80 (A100) the same builds spill 36 bytes at
 //   D=64 (the 168-register cap) and 8 at D=128. CuPy's NVRTC may count a few registers differently; notebook 06
-//   prints what the running GPU's build uses.
+//   prints what the running GPU's build uses. The varlen builds (VARLEN_TILES): D=32: 172, D=64: 221 (two blocks
+//   per SM: under the 168 cap it spilled 60 bytes), D=96: 252, no spills; D=128: 255 and 12 bytes of spill stores.
+//   Splitting the body into attention_block for the varlen kernel left the dense builds as they were: same
+//   registers and spills, and `cuobjdump -sass` lists the same instructions (D=32: 1632, D=64: 2104, D=96 and
+//   D=128: 2864 each, float16 and bfloat16 alike) before and after.
 //
 // Limits (checked by kernels/flash2_mma.py before launch)
 //   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
@@ -193,20 +210,21 @@ DEVICE float quad_sum(float x) {
     return x + __shfl_xor_sync(FULL_MASK, x, 2);
 }
 
-// Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix -> the shared tile at `tile` ([ROWS][LD], 32-bit
-// shared address); zero-fill past T and d. Thread i copies 16-byte chunk i % CHUNKS of rows i / CHUNKS,
+// Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix whose rows lie ld elements apart (ld = d when dense; H d
+// or 3 H d for packed tokens) -> the shared tile at `tile` ([ROWS][LD], 32-bit shared address); zero-fill past T
+// and d. Thread i copies 16-byte chunk i % CHUNKS of rows i / CHUNKS,
 // i / CHUNKS + STEP, ...: the same chunk of every tile, so its offsets are computed once per call and a tile
 // fully in range (all but the last, when d == D) needs one add and one cp.async per chunk.
 template <int ROWS, int D, int NTHREADS>
-DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int T, int d) {
+DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int T, int d, int ld) {
     constexpr int CHUNKS = D / CHUNK;  // 16-byte chunks per row
     constexpr int LD = D + SMEM_PAD;
     if constexpr (NTHREADS % CHUNKS == 0) {
         constexpr int STEP = NTHREADS / CHUNKS;  // rows one pass of the block covers
         constexpr int PASSES = (ROWS + STEP - 1) / STEP;
         const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
-        const u16* from = src + (long long)(row0 + r) * d + c * CHUNK;
-        const long long step = (long long)STEP * d;
+        const u16* from = src + (long long)(row0 + r) * ld + c * CHUNK;
+        const long long step = (long long)STEP * ld;
         const u32 to = tile + 2 * (r * LD + c * CHUNK);
         if (row0 + ROWS <= T && d == D && ROWS % STEP == 0) {
 #pragma unroll
@@ -226,7 +244,7 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
             const int r = i / CHUNKS, c = i % CHUNKS;
             const int row = row0 + r;
             const bool ok = row < T && c * CHUNK < d;
-            cp_async_16(tile + 2 * (r * LD + c * CHUNK), ok ? src + (long long)row * d + c * CHUNK : src, ok);
+            cp_async_16(tile + 2 * (r * LD + c * CHUNK), ok ? src + (long long)row * ld + c * CHUNK : src, ok);
         }
     }
 }
@@ -367,11 +385,11 @@ DEVICE void warp_accumulate_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&a
 }
 
 // The epilogue: O / l in 16 bits (the 4 lanes of a row add their partial l first), lse = ln2 * (m + log2 l).
-// oh: this head's O; lse[lse_base + row] is the row's log-sum-exp (lse may be null).
+// oh: this head's O, rows ld_o elements apart; lse[lse_base + row] is the row's log-sum-exp (lse may be null).
 template <int D, int MT, bool BF16>
 DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long long lse_base,
                          const float (&acc_o)[MT][D / MMA_N][4], const float (&row_max)[MT][2],
-                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d) {
+                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d, int ld_o) {
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -385,7 +403,7 @@ DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long lon
                 for (int nt = 0; nt < D / MMA_N; ++nt) {
                     const int col = nt * MMA_N + 2 * t;
                     if (col < d)
-                        *reinterpret_cast<u32*>(oh + (long long)row * d + col) =
+                        *reinterpret_cast<u32*>(oh + (long long)row * ld_o + col) =
                             pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
                 }
                 if (lse != nullptr && t == 0)
@@ -396,14 +414,14 @@ DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long lon
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The kernel. D: head-dim build; BC: keys per tile; NWARPS: warps per block; MT: 16-row m-tiles per warp;
-// MIN_BLOCKS: blocks per SM the compiler must leave registers for (65536 / (32 NWARPS MIN_BLOCKS) each).
+// The work of one block: BR query rows [q0, q0 + BR) of one head against its keys, for both kernels below.
+// qh, kh, vh: the head's first query / key / value row; rows lie ld_q, ld_kv elements apart. oh: the head's first
+// output row, rows ld_o apart; lse[lse_base + row] (lse may be null). Tq, Tk: this head's (this sequence's) rows.
 // ---------------------------------------------------------------------------------------------------------
-template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
-__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
-flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-                   u16* __restrict__ o, float* __restrict__ lse, int Tq, int Tk, int d, float scale_log2,
-                   int causal, int head_major) {
+template <int D, int BC, int NWARPS, int MT, bool BF16>
+DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ kh, const u16* __restrict__ vh,
+                            u16* __restrict__ oh, float* __restrict__ lse, long long lse_base, int ld_q, int ld_kv,
+                            int ld_o, int q0, int Tq, int Tk, int d, float scale_log2, int causal) {
     constexpr int NTHREADS = NWARPS * WARP_SIZE;
     constexpr int WR = MMA_M * MT;    // query rows per warp
     constexpr int BR = WR * NWARPS;   // query rows per block
@@ -418,21 +436,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const u32 sQ = smem_addr(smem_raw);   // 32-bit shared-window addresses: ldmatrix and cp.async take these
     const u32 sK = sQ + 2 * BR * LD;      // [2][BC][LD]
     const u32 sV = sK + 2 * TILE_KV;      // [2][BC][LD]
-
-    // ---- which head and which query rows this block owns ------------------------------------------------
-    // One block per (b*h, query tile), in a 1-D grid ordered head-major: the blocks that run side by side
-    // share a head, so its K and V come from L2 rather than DRAM. Query tiles go last to first, so that
-    // under a causal mask the longest tiles of a head start first.
-    // (head_major = 0 orders the grid the other way round, heads fastest: kept to measure the difference.)
-    const int n_qtiles = (Tq + BR - 1) / BR;
-    const int n_heads = gridDim.x / n_qtiles;
-    const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
-    const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
-    const u16* qh = q + q_base;
-    const u16* kh = k + k_base;
-    const u16* vh = v + k_base;
     const int diag = Tk - Tq;  // query i sees keys j <= i + diag
 
     // ---- Q, and the first K/V tile, in flight; the running state of each row in registers ----------------
@@ -441,10 +445,10 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     if (causal) kv_end = min(Tk, min(q0 + BR, Tq) + diag);
     const int n_tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
 
-    load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d);
+    load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d, ld_q);
     if (n_tiles > 0) {
-        load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d);
-        load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d);
+        load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d, ld_kv);
+        load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d, ld_kv);
     }
     cp_async_commit();
 
@@ -473,8 +477,8 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
         cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
         __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
         if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
-            load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d);
-            load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d);
+            load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
+            load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d, ld_kv);
             cp_async_commit();
         }
 
@@ -493,15 +497,79 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     // ---- the end: normalise and store ------------------------------------------------------------------------
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
 
-    store_output<D, MT, BF16>(o + q_base, lse, (long long)bh * Tq, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d);
+    store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o);
 }
 
-// ---- the builds the launcher uses by default (kernels/flash2_mma.py: TILES), instantiated so that
+// ---------------------------------------------------------------------------------------------------------
+// The dense kernel: q (B, H, Tq, d), k and v (B, H, Tk, d). D: head-dim build; BC: keys per tile; NWARPS: warps
+// per block; MT: 16-row m-tiles per warp; MIN_BLOCKS: blocks per SM the compiler must leave registers for
+// (65536 / (32 NWARPS MIN_BLOCKS) each).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                   u16* __restrict__ o, float* __restrict__ lse, int Tq, int Tk, int d, float scale_log2,
+                   int causal, int head_major) {
+    constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
+    // ---- which head and which query rows this block owns ------------------------------------------------
+    // One block per (b*h, query tile), in a 1-D grid ordered head-major: the blocks that run side by side
+    // share a head, so its K and V come from L2 rather than DRAM. Query tiles go last to first, so that
+    // under a causal mask the longest tiles of a head start first.
+    // (head_major = 0 orders the grid the other way round, heads fastest: kept to measure the difference.)
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    const int n_heads = gridDim.x / n_qtiles;
+    const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
+    const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
+    const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
+    attention_block<D, BC, NWARPS, MT, BF16>(q + q_base, k + k_base, v + k_base, o + q_base, lse, (long long)bh * Tq,
+                                             d, d, d, q0, Tq, Tk, d, scale_log2, causal);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The varlen kernel: packed tokens, FlashAttention's varlen interface.
+//   q (total_q, H, d) and k, v (total_k, H, d): token rows ld_q / ld_kv elements apart (H d when contiguous;
+//   3 H d when q, k, v are views into one fused QKV projection (total, 3, H, d)); o (total_q, H, d) contiguous;
+//   lse (H, total_q). Sequence b owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1, key rows likewise.
+//   grid = (ceil(max_seqlen_q / BR), H, B): block (x, h, b) takes query tile x of sequence b, head h, counted from
+//   the sequence's last tile (the longest under a causal mask first); a block past the sequence's tiles exits at
+//   once, so padding costs one block launch per missing tile and no loads or math.
+//   cu_seqlens are GPU values: each is clamped to [0, total] and to not below the one before it, so a malformed
+//   array gives wrong rows but no out-of-bounds access (kernels/flash2_mma.py: check_inputs=True rejects it).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_mma_varlen(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                  u16* __restrict__ o, float* __restrict__ lse, const int* __restrict__ cu_seqlens_q,
+                  const int* __restrict__ cu_seqlens_k, int total_q, int total_k, int H, int d, int ld_q, int ld_kv,
+                  float scale_log2, int causal) {
+    constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
+    // ---- this block's sequence, head and query tile; early exit past the sequence's end -------------------
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int qs = min(max(cu_seqlens_q[b], 0), total_q), qe = min(max(cu_seqlens_q[b + 1], qs), total_q);
+    const int ks = min(max(cu_seqlens_k[b], 0), total_k), ke = min(max(cu_seqlens_k[b + 1], ks), total_k);
+    const int Tq = qe - qs, Tk = ke - ks;
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    if ((int)blockIdx.x >= n_qtiles) return;  // no work on padding (and none at all for an empty sequence)
+    const int q0 = (n_qtiles - 1 - (int)blockIdx.x) * BR;
+    // ---- the same block of work as the dense kernel, on this sequence's rows ----------------------------------
+    const long long kv_base = (long long)ks * ld_kv + (long long)h * d;
+    attention_block<D, BC, NWARPS, MT, BF16>(q + (long long)qs * ld_q + (long long)h * d, k + kv_base, v + kv_base,
+                                             o + ((long long)qs * H + h) * d, lse, (long long)h * total_q + qs,
+                                             ld_q, ld_kv, H * d, q0, Tq, Tk, d, scale_log2, causal);
+}
+
+// ---- the builds the launcher uses by default (kernels/flash2_mma.py: TILES and VARLEN_TILES), instantiated so that
 // `nvcc -c flash2_mma.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name instead.
+// The varlen build at D=64 asks for two blocks per SM, not three: under the 168-register cap of three it spills
+// 60 bytes (its row strides ld_q, ld_kv, ld_o are three more live values than the dense kernel's d).
 #ifndef __CUDACC_RTC__
 #define FLASH2_MMA_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                               \
     template __global__ void flash2_mma_forward<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                             \
         const u16*, const u16*, const u16*, u16*, float*, int, int, int, float, int, int);
+#define FLASH2_MMA_VARLEN_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                        \
+    template __global__ void flash2_mma_varlen<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                              \
+        const u16*, const u16*, const u16*, u16*, float*, const int*, const int*, int, int, int, int, int, int,   \
+        float, int);
 FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, false)
 FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, false)
 FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, false)
@@ -510,4 +578,12 @@ FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, true)
 FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, true)
 FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, true)
 FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, true)
 #endif

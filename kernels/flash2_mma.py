@@ -5,6 +5,14 @@
 
 Any d with d % 8 == 0 and d <= 128 runs on the build for the smallest D in {32, 64, 96, 128} with D >= d
 (cp.async zero-fills columns d..D-1). Any Tq, Tk >= 1.
+
+Packed variable-length batches (FlashAttention's varlen interface; notebook 09):
+
+    o = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+q (total_q, H, d), k and v (total_k, H, d): the real tokens of B sequences one after the other, sequence b in rows
+cu_seqlens[b] .. cu_seqlens[b+1]-1 (int32, B+1 entries); o (total_q, H, d), lse (H, total_q). q, k, v may be views
+with a token stride other than H*d (for example the q, k, v thirds of one fused QKV projection, (total, 3, H, d)).
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
-                    validate_attention)
+from ._core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_array, check_grid,
+                    cp, current_device, defines_from, dtype_set, get_kernel, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
 KERNEL_NAME = "flash2_mma_forward"
+VARLEN_KERNEL_NAME = "flash2_mma_varlen"
 WHAT = "flash2_mma attention"
 MAX_D = 128
 D_MULTIPLE = 8  # cp.async moves 16-byte chunks: 8 elements
@@ -85,13 +94,21 @@ TILES = {
 }
 
 
-def name_expression(D: int, tile: MmaTile, dtype: str) -> str:
-    return f"{KERNEL_NAME}<{D}, {tile.BC}, {tile.NWARPS}, {tile.MT}, {tile.MIN_BLOCKS}, " \
+# The varlen builds: the same tiles, except D=64 at two blocks per SM (under three blocks' 168-register cap the varlen
+# kernel spills 60 bytes: its row strides are three more live values; see flash2_mma.cu).
+VARLEN_TILES = dict(TILES)
+VARLEN_TILES[64] = MmaTile(64, 4, 2, 2)
+
+
+def name_expression(D: int, tile: MmaTile, dtype: str, kernel: str = KERNEL_NAME) -> str:
+    return f"{kernel}<{D}, {tile.BC}, {tile.NWARPS}, {tile.MT}, {tile.MIN_BLOCKS}, " \
            f"{'true' if dtype == 'bfloat16' else 'false'}>"
 
 
 # What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses.
-NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES]
+NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES] + \
+               [((name_expression(D, VARLEN_TILES[D], dt, VARLEN_KERNEL_NAME),), DEFINES)
+                for D in HEAD_DIMS for dt in DTYPES]
 
 
 class Build(NamedTuple):
@@ -104,11 +121,13 @@ class Build(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def build(D: int, tile: tuple | None, dtype: str) -> Build:
-    """The Build of (D, tile, dtype): the tile checked once, the kernel compiled on its first launch."""
-    tile = TILES[D] if tile is None else MmaTile(*tile)
+def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME) -> Build:
+    """The Build of (D, tile, dtype) of the dense kernel or (kernel_name=VARLEN_KERNEL_NAME) of the varlen kernel:
+    the tile checked once, the kernel compiled on its first launch."""
+    tiles = VARLEN_TILES if kernel_name == VARLEN_KERNEL_NAME else TILES
+    tile = tiles[D] if tile is None else MmaTile(*tile)
     tile.check(D)
-    expr = name_expression(D, tile, dtype)
+    expr = name_expression(D, tile, dtype, kernel_name)
     smem = tile.smem_bytes(D)
     kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=DEFINES, shared_mem=smem,
                         carveout=CARVEOUT_MAX_SHARED)
@@ -152,6 +171,119 @@ def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
     config = _LAUNCHES[(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH)] = (kernel, (blocks,), (threads,), smem,
                                                                                    tail)
     return config
+
+
+def _check_packed(x, name: str, dev: int, dtypes, H: int | None = None, d: int | None = None):
+    """x must be a CuPy (total, H, d) array of `dtypes` on device `dev` whose (H, d) part is contiguous; its token
+    stride may be larger than H*d (a view into a fused QKV tensor) but must be a multiple of 16 bytes, and its base
+    16-byte aligned (cp.async). Returns (total, H, d, token stride in elements)."""
+    if not isinstance(x, cp.ndarray) or x.dtype not in dtypes or x.ndim != 3 or x.data.device_id != dev:
+        if isinstance(x, cp.ndarray) and x.ndim == 3 and x.dtype in dtypes:
+            raise ValueError(f"{name} is on device {x.data.device_id}, but the current device is {dev}")
+        check_array(x, name, dtypes=dtypes, ndim=3, dev=dev)  # raises the precise TypeError / ValueError
+    total, h, dd = x.shape
+    item = x.itemsize
+    if (H is not None and h != H) or (d is not None and dd != d):
+        raise ValueError(f"{name} {x.shape} must agree with q on H={H} and d={d}")
+    if x.size and ((dd > 1 and x.strides[2] != item) or (h > 1 and x.strides[1] != dd * item) or
+                   (total > 1 and x.strides[0] < h * dd * item)):  # (an empty array's strides are all 0)
+        raise ValueError(f"{name} must be (total, H, d) with contiguous heads and head dims (strides (s, {dd * item}, "
+                         f"{item}) bytes with s >= {h * dd * item}); got strides {x.strides}")
+    ld = x.strides[0] // item if total > 1 and x.size else h * dd
+    if (ld * item) % ALIGN or x.data.ptr % ALIGN:
+        raise ValueError(f"{name}: token stride {ld * item} bytes and base address {x.data.ptr:#x} must be multiples "
+                         f"of {ALIGN} bytes (cp.async moves 16-byte chunks)")
+    return total, h, dd, ld
+
+
+def _check_cu(cu, name: str, dev: int) -> None:
+    check_array(cu, name, dtypes=("int32",), ndim=1, dev=dev)
+    if cu.size < 2:
+        raise ValueError(f"{name} must have B+1 >= 2 entries; got shape {cu.shape}")
+
+
+def check_varlen_lengths(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                         max_seqlen_k: int) -> None:
+    """forward_varlen's opt-in check (check_inputs=True): reads both cu_seqlens back (one synchronisation) and
+    raises ValueError unless each starts at 0, never decreases, ends at its total, and its longest sequence fits
+    its max_seqlen."""
+    from reference.varlen import check_cu_seqlens
+
+    B1 = cu_seqlens_q.size
+    both = cp.asnumpy(cp.concatenate((cu_seqlens_q, cu_seqlens_k))).reshape(2, B1)
+    for name, cu, total, m, m_name in (("cu_seqlens_q", both[0], total_q, max_seqlen_q, "max_seqlen_q"),
+                                       ("cu_seqlens_k", both[1], total_k, max_seqlen_k, "max_seqlen_k")):
+        check_cu_seqlens(cu, total, name)
+        longest = int(np.diff(cu).max())
+        if longest > m:
+            raise ValueError(f"{name} holds a sequence of {longest} tokens; {m_name}={m} is smaller")
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                   return_lse=False, check_inputs=False):
+    """Attention of each packed sequence on its own tokens (FlashAttention's varlen interface), on tensor cores.
+
+    q (total_q, H, d), k and v (total_k, H, d): float16 or bfloat16 CuPy arrays; heads and head dims contiguous, the
+    token stride free (a multiple of 16 bytes), so q, k, v may be the thirds of a fused QKV projection viewed as
+    (total, 3, H, d). k and v must share their strides. cu_seqlens_q, cu_seqlens_k: int32 (B+1,) CuPy arrays;
+    sequence b owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and key rows likewise; a sequence may be
+    empty. max_seqlen_q, max_seqlen_k: Python ints, at least the longest sequence (the grid has
+    ceil(max_seqlen_q / BR) query tiles per sequence and head; blocks past a sequence's end exit at once).
+    causal: bottom-right per sequence (query i of a sequence sees key j when j <= i + Tk - Tq); a row that sees no
+    key gives 0 and lse = -inf. Returns o (total_q, H, d), contiguous, and with return_lse lse (H, total_q) float32.
+
+    cu_seqlens live on the GPU, so they are not read here: the kernel clamps each entry to [0, total] and to not
+    below the one before, so a malformed array gives wrong rows but no out-of-bounds access; query rows no sequence
+    covers, and rows past max_seqlen_q, are not written. check_inputs=True runs check_varlen_lengths (one
+    synchronisation) first.
+    """
+    dev = current_device()
+    total_q, H, d, ld_q = _check_packed(q, "q", dev, DTYPE_SET)
+    same = dtype_set((q.dtype.name,))
+    total_k, _, _, ld_k = _check_packed(k, "k", dev, same, H, d)
+    _, _, _, ld_v = _check_packed(v, "v", dev, same, H, d)
+    if k.shape != v.shape or ld_k != ld_v:
+        raise ValueError(f"k and v must have the same shape and token stride; got k {k.shape} (stride {ld_k}) and "
+                         f"v {v.shape} (stride {ld_v})")
+    if H < 1 or d < 1:
+        raise ValueError(f"H and d must be >= 1; got q {q.shape}")
+    if d > MAX_D or d % D_MULTIPLE:
+        raise ValueError(f"head dimension d={d} must be a multiple of {D_MULTIPLE} and <= {MAX_D} for {WHAT}")
+    _check_cu(cu_seqlens_q, "cu_seqlens_q", dev)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", dev)
+    if cu_seqlens_q.size != cu_seqlens_k.size:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.size} entries and cu_seqlens_k {cu_seqlens_k.size}; "
+                         f"both must be B+1")
+    B = cu_seqlens_q.size - 1
+    for name, m, total in (("max_seqlen_q", max_seqlen_q, total_q), ("max_seqlen_k", max_seqlen_k, total_k)):
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool):
+            raise TypeError(f"{name} must be an int; got {type(m).__name__}")
+        low = 1 if (total > 0 and name == "max_seqlen_q") else 0
+        if not low <= m <= total:
+            raise ValueError(f"{name}={m} must lie in [{low}, {total}] (the packed tokens of {name[-1]})")
+    if max(total_q * ld_q, total_k * ld_k) > INT32_MAX * 8 or max(total_q, total_k) > INT32_MAX:
+        raise ValueError(f"q has {total_q} and k {total_k} tokens; {WHAT} varlen keeps token indices in 32 bits")
+    if B > MAX_GRID_YZ or H > MAX_GRID_YZ:
+        raise ValueError(f"{WHAT} varlen launches a grid of (tiles, H={H}, B={B}); H and B must be <= {MAX_GRID_YZ}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (folded into exp2 after the row max); "
+                         f"got {scale}")
+    if check_inputs:
+        check_varlen_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, int(max_seqlen_q), int(max_seqlen_k))
+    kernel, _, smem, rows, threads = build(BUILD_FOR[d], None, DTYPE_NAMES[q.dtype], VARLEN_KERNEL_NAME)
+    o = cp.empty((total_q, H, d), dtype=q.dtype)
+    lse = cp.empty((H, total_q), dtype=cp.float32) if return_lse else None
+    tiles = ceil_div(int(max_seqlen_q), rows)
+    if tiles > 0:
+        kernel((tiles, H, B), (threads,),
+               (q, k, v, o, NULL if lse is None else lse, cu_seqlens_q, cu_seqlens_k, np.int32(total_q),
+                np.int32(total_k), np.int32(H), np.int32(d), np.int32(ld_q), np.int32(ld_k),
+                np.float32(scale * LOG2E), I32[bool(causal)]),
+               smem)
+    return (o, lse) if return_lse else o
 
 
 register(Variant(
