@@ -262,6 +262,46 @@ def launcher_overhead(variants=None, log=print) -> list[dict]:
     return rows
 
 
+def launch_parts(log=print) -> dict:
+    """Host microseconds of one flash2_mma call on the tiny input, and of its parts, each measured alone with
+    host_overhead_us: what the launch path costs, piece by piece, beside torch SDPA's whole call."""
+    import struct
+
+    from . import _core, flash2_mma
+
+    B, H, T, d = OVERHEAD_SHAPE.values()
+    q, k, v = _inputs(B, H, T, d, "float16", seed=4)
+    flash2_mma.forward(q, k, v, causal=True)
+    b = flash2_mma.build(flash2_mma.BUILD_FOR[d], None, "float16")
+    o = cp.empty_like(q)
+    args = (q, k, v, o, _core.NULL, np.int32(T), np.int32(T), np.int32(d), np.float32(0.125), _core.I32[1],
+            _core.I32[1])
+    fn = b.kernel.raw.kernel  # CuPy's cupy.cuda.Function for the same kernel
+    plan = _core._param_plan(tuple(map(type, args)))
+    struct.pack_into(plan.fmt, plan.buf, 0, *[a.data.ptr if isinstance(a, cp.ndarray) else a for a in args])
+    stream = cp.cuda.get_current_stream().ptr
+    parts = {
+        "flash2_mma.forward, the whole call": lambda: flash2_mma.forward(q, k, v, causal=True),
+        "  validate_attention": lambda: _core.validate_attention(
+            q, k, v, dtypes=flash2_mma.DTYPE_SET, max_d=flash2_mma.MAX_D, d_multiple=flash2_mma.D_MULTIPLE,
+            what=flash2_mma.WHAT, align=flash2_mma.ALIGN),
+        "  cupy.empty of the output": lambda: cp.empty((B, H, T, d), dtype=q.dtype),
+        "  Kernel call (pack + cuLaunchKernel)": lambda: b.kernel((1,), (b.threads,), args, b.smem),
+        "  cuLaunchKernel alone, arguments packed": lambda: cp.cuda.driver.launchKernel(
+            fn.ptr, 1, 1, 1, b.threads, 1, 1, b.smem, stream, plan.params_ptr, 0),
+        "CuPy's own RawKernel call (for comparison)": lambda: fn((1,), (b.threads,), args, b.smem),
+    }
+    try:
+        parts["torch SDPA, the whole call"] = _sdpa_default(q, k, v)
+    except ImportError as e:  # pragma: no cover - no torch
+        log(f"torch SDPA not measured: {e}")
+    out = {}
+    for name, f in parts.items():
+        out[name] = host_overhead_us(f)
+        log(f"{name:44s} {out[name]:6.1f} us")
+    return out
+
+
 def run(suites=("llmc", "long"), quick=False, variants=None, out_path: Path | None = None, log=print) -> dict:
     log("bandwidth: 1 GiB device-to-device copy, and a 1 GiB read-only kernel")
     result = {"gpu": gpu_name(), "llmc_shape": LLMC_SHAPE, "long": {k: LONG[k] for k in ("B", "H", "dtype")},
