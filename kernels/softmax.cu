@@ -9,7 +9,7 @@
 //     softmax_scaled_causal_warp, softmax_scaled_causal_block               s = scale; with causal, the
 //         row r is query i = r % Tq of a (Tq, Tk) score matrix and n_r = i + Tk - Tq + 1 (bottom-right
 //         aligned mask, clamped to [0, Tk]); without causal n_r = Tk
-//     softmax_masked_lengths                                                n_r = lengths[r] (int32);
+//     softmax_masked_lengths, softmax_masked_lengths_warp                   n_r = lengths[r] (int32);
 //         entries at j >= n_r are never read, so padding may hold anything
 //
 // Algorithm
@@ -29,6 +29,8 @@
 //   warp per row:   grid = ceil(rows / (BLOCK / 32))
 //   block per row:  grid = rows; the launcher's default BLOCK = clamp(pow2ceil(cols / (4 * CACHE_VEC4)), 32, 1024),
 //                   so each thread holds up to CACHE_VEC4 float4 and a row of up to 32 768 floats is read once
+//   softmax_masked_lengths_warp: warp per row, grid = ceil(rows / (BLOCK / 32)); the launcher uses it for rows of
+//                   up to 512 floats (each lane holds up to WARP_CACHE_VEC4 float4)
 //   Shared memory: (MAX_WARPS + 1) * 8 bytes, static. No dynamic shared memory.
 //
 // Vector loads
@@ -272,4 +274,95 @@ extern "C" __global__ void softmax_masked_lengths(float* __restrict__ out, const
     // the launcher checks the lengths only on request (check_lengths=True), since that waits for the GPU.
     const int n_valid = min(max(lengths[row], 0), cols);
     block_softmax_row(out + row * cols, inp + row * cols, n_valid, cols, 1.0f, vec, red);
+}
+
+// ---- 6. per-row lengths, short rows: one warp per row ----------------------------------------------------
+// For rows of up to 32 * 4 * WARP_CACHE_VEC4 = 512 floats (BERT's 128 keys, say) the block-per-row kernel above
+// runs one warp per block: the SM holds at most 32 resident blocks, so it is half full, and each row pays a
+// block-wide merge through shared memory and two barriers for a single warp. Here a block of blockDim / 32 warps
+// takes as many rows and each warp keeps its row in registers. With the whole row at hand no online merge is
+// needed (merge() costs two expf per shuffle step): the warp takes the max with shuffles, exponentiates each valid
+// value once against it, sums with shuffles and writes. Only the float4s that hold valid entries are loaded or
+// exponentiated, so a short row in a long buffer costs little. Rows longer than the cache stay correct (their
+// remainder is read again in each pass), but the launcher sends them to softmax_masked_lengths.
+constexpr int WARP_CACHE_VEC4 = 4;
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(FULL_MASK, v, offset);
+    return v;
+}
+
+extern "C" __global__ void softmax_masked_lengths_warp(float* __restrict__ out, const float* __restrict__ inp,
+                                                       const int* __restrict__ lengths, long long rows, int cols,
+                                                       int vec) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long row = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= rows) return;  // a whole warp leaves together, so the shuffles below see 32 lanes
+    const int n_valid = min(max(lengths[row], 0), cols);  // clamped, as in softmax_masked_lengths
+    const float* x = inp + row * cols;
+    float* y = out + row * cols;
+    if (vec) {
+        const int n4 = cols / 4;
+        const int valid4 = (n_valid + 3) / 4;  // float4s holding at least one valid entry
+        float4 cache[WARP_CACHE_VEC4];
+        // ---- max: the cached float4s, then (rows longer than the cache) the rest ----
+        float m = NEG_INF;
+#pragma unroll
+        for (int c = 0; c < WARP_CACHE_VEC4; ++c) {
+            const int j4 = lane + c * WARP_SIZE;
+            if (j4 < valid4) {
+                cache[c] = load_masked4(x, j4, n_valid, 1.0f);
+                m = fmaxf(m, fmaxf(fmaxf(cache[c].x, cache[c].y), fmaxf(cache[c].z, cache[c].w)));
+            }
+        }
+        for (int j4 = lane + WARP_CACHE_VEC4 * WARP_SIZE; j4 < valid4; j4 += WARP_SIZE) {
+            const float4 t = load_masked4(x, j4, n_valid, 1.0f);
+            m = fmaxf(m, fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w)));
+        }
+        m = warp_max(m);
+        // ---- sum of exp(x - m); the cache now holds the exponentials ----
+        float l = 0.0f;
+#pragma unroll
+        for (int c = 0; c < WARP_CACHE_VEC4; ++c) {
+            if (lane + c * WARP_SIZE < valid4) {
+                const float4 t = cache[c];
+                cache[c] = make_float4(exp_shift(t.x, m), exp_shift(t.y, m), exp_shift(t.z, m), exp_shift(t.w, m));
+                l += (cache[c].x + cache[c].y) + (cache[c].z + cache[c].w);
+            }
+        }
+        for (int j4 = lane + WARP_CACHE_VEC4 * WARP_SIZE; j4 < valid4; j4 += WARP_SIZE) {
+            const float4 t = load_masked4(x, j4, n_valid, 1.0f);
+            l += (exp_shift(t.x, m) + exp_shift(t.y, m)) + (exp_shift(t.z, m) + exp_shift(t.w, m));
+        }
+        l = warp_sum(l);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        // ---- write: valid float4s scaled, zeros for the padding ----
+        float4* y4 = reinterpret_cast<float4*>(y);
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int c = 0; c < WARP_CACHE_VEC4; ++c) {
+            const int j4 = lane + c * WARP_SIZE;
+            const float4 e = cache[c];
+            if (j4 < valid4) __stcs(y4 + j4, make_float4(e.x * inv, e.y * inv, e.z * inv, e.w * inv));
+            else if (j4 < n4) __stcs(y4 + j4, zero);
+        }
+        for (int j4 = lane + WARP_CACHE_VEC4 * WARP_SIZE; j4 < n4; j4 += WARP_SIZE)
+            __stcs(y4 + j4, j4 < valid4 ? normalise4(load_masked4(x, j4, n_valid, 1.0f), m, inv) : zero);
+    } else {  // scalar loads (rows not 16-byte aligned, or cols % 4 != 0): three passes over the row
+        float m = NEG_INF;
+        for (int j = lane; j < n_valid; j += WARP_SIZE) m = fmaxf(m, x[j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < n_valid; j += WARP_SIZE) l += exp_shift(x[j], m);
+        l = warp_sum(l);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int j = lane; j < cols; j += WARP_SIZE) y[j] = j < n_valid ? exp_shift(x[j], m) * inv : 0.0f;
+    }
 }

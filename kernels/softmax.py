@@ -110,13 +110,19 @@ def scaled_causal_softmax(scores, *, scale: float, causal: bool = True, method: 
     return out
 
 
-def masked_softmax(x, lengths, *, block_size: int | None = None, out=None, check_lengths: bool = False):
+MASKED_WARP_MAX_COLS = 32 * 4 * 4  # rows a warp holds in registers (softmax.cu: 32 lanes x WARP_CACHE_VEC4 float4)
+
+
+def masked_softmax(x, lengths, *, block_size: int | None = None, out=None, check_lengths: bool = False,
+                   method: str = "auto"):
     """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries are never read.
 
     lengths is an int32 CuPy array with one entry per row. The kernel clamps each length to [0, cols], so no
     value can make it read or write outside its row. check_lengths=True also raises ValueError for a length
     outside [0, cols]; it is off by default because it reads the lengths back from the GPU, which waits for
     the GPU to finish everything queued before it (a synchronisation on every call).
+    method: "warp" (a warp per row, several rows per block: short rows), "block" (a block per row: long rows)
+    or "auto" (warp for rows of up to MASKED_WARP_MAX_COLS floats).
     """
     require_gpu()
     rows, cols = _rows_cols(x)
@@ -125,8 +131,22 @@ def masked_softmax(x, lengths, *, block_size: int | None = None, out=None, check
         raise ValueError(f"lengths has {lengths.shape[0]} entries; x has {rows} rows")
     if check_lengths:
         check_index_range(lengths, "lengths", 0, cols)
-    block = _check_block(block_size or auto_block(cols))
+    kernel, grid, block = masked_launch(rows, cols, method, block_size)
     out = _out(out, x)
-    get_kernel(KERNEL_FILE, "softmax_masked_lengths")(
-        _grid(rows, 1), (block,), (out, x, lengths, np.int64(rows), np.int32(cols), np.int32(_vec_ok(x, out, cols))))
+    kernel(grid, block, (out, x, lengths, np.int64(rows), np.int32(cols), np.int32(_vec_ok(x, out, cols))))
     return out
+
+
+def masked_launch(rows: int, cols: int, method: str = "auto", block_size: int | None = None):
+    """(kernel, grid, block) of masked_softmax's launch; its arguments are (out, x, lengths, int64 rows, int32 cols,
+    int32 vec), vec = 1 when cols % 4 == 0 and both x and out start on 16 bytes. kernels/torch_ops.py launches it
+    on torch tensors' pointers."""
+    if method == "auto":
+        method = "warp" if cols <= MASKED_WARP_MAX_COLS else "block"
+    if method == "warp":
+        block = _check_block(block_size or DEFAULT_BLOCK["warp"])
+        return get_kernel(KERNEL_FILE, "softmax_masked_lengths_warp"), _grid(rows, block // 32), (block,)
+    if method == "block":
+        block = _check_block(block_size or auto_block(cols))
+        return get_kernel(KERNEL_FILE, "softmax_masked_lengths"), _grid(rows, 1), (block,)
+    raise ValueError(f"method must be 'warp', 'block' or 'auto'; got {method!r}")

@@ -60,8 +60,9 @@ def test_scaled_causal_softmax(gpu, poison, method, Tq, Tk, causal):
     assert kernels.check(y, ref).ok
 
 
-@pytest.mark.parametrize("cols", [1, 4, 37, 1024, 20000])
-def test_masked_lengths_never_read_padding(gpu, poison, cols):
+@pytest.mark.parametrize("method", ["auto", "warp", "block"])
+@pytest.mark.parametrize("cols", [1, 4, 37, 128, 512, 513, 1024, 20000])
+def test_masked_lengths_never_read_padding(gpu, poison, cols, method):
     cp = gpu
     rows = 12
     rng = np.random.default_rng(cols)
@@ -72,8 +73,37 @@ def test_masked_lengths_never_read_padding(gpu, poison, cols):
     x_dev = x.copy()
     x_dev[padded] = np.nan  # if a padded entry were read, NaN would spread through its row
     ref = R.softmax_safe(np.where(padded, -np.inf, x.astype(np.float64)))
-    y = S.masked_softmax(cp.asarray(x_dev), cp.asarray(lengths))
+    y = S.masked_softmax(cp.asarray(x_dev), cp.asarray(lengths), method=method)
     assert kernels.check(y, ref).ok
+
+
+@pytest.mark.parametrize("method", ["warp", "block"])
+def test_masked_lengths_many_rows_and_unaligned_rows(gpu, poison, method):
+    # more rows than one block's warps, a partial last block, and rows of 4-byte but not 16-byte alignment
+    cp = gpu
+    for rows, cols, offset in ((1000, 128, 0), (37, 100, 1), (9, 64, 1)):
+        rng = np.random.default_rng(rows + cols)
+        x = (rng.standard_normal((rows, cols)) * 6).astype(np.float32)
+        lengths = rng.integers(0, cols + 1, rows).astype(np.int32)
+        lengths[0] = cols
+        ref = R.softmax_safe(np.where(np.arange(cols)[None, :] >= lengths[:, None], -np.inf, x.astype(np.float64)))
+        buf = cp.asarray(np.concatenate([np.zeros(offset, np.float32), x.reshape(-1)]))
+        xv = buf[offset:].reshape(rows, cols)
+        assert bool(xv.data.ptr % 16) == bool(offset)
+        y = S.masked_softmax(xv, cp.asarray(lengths), method=method)
+        assert kernels.check(y, ref).ok, (rows, cols, offset)
+
+
+def test_masked_lengths_out_of_range_are_clamped_by_both_kernels(gpu, poison):
+    cp = gpu
+    x = _x(6, 128, seed=9)
+    lengths = cp.asarray(np.array([-5, 0, 1, 128, 129, 2**30], np.int32))
+    clamped = np.clip(cp.asnumpy(lengths), 0, 128)
+    ref = R.softmax_safe(np.where(np.arange(128)[None, :] >= clamped[:, None], -np.inf, x.astype(np.float64)))
+    for method in ("warp", "block"):
+        assert kernels.check(S.masked_softmax(cp.asarray(x), lengths, method=method), ref).ok
+    with pytest.raises(ValueError, match="method must be"):
+        S.masked_softmax(cp.asarray(x), lengths, method="thread")
 
 
 def test_unaligned_view_takes_scalar_path(gpu, poison):
