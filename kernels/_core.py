@@ -288,6 +288,18 @@ class Kernel:
         else:
             plan.launch(fn.ptr, grid, block, args, shared_mem, cp.cuda.get_current_stream().ptr)
 
+    def launch(self, grid: tuple, block: tuple, args: tuple, shared_mem: int, stream_ptr: int) -> None:
+        """The same launch on an explicit stream (a raw cudaStream_t handle) of the current device, for callers whose
+        buffers are not CuPy arrays: device pointers go in `args` as np.uint64 (kernels/torch_ops.py passes torch
+        tensors' data_ptr() and torch's current stream this way)."""
+        dev = cp.cuda.runtime.getDevice()
+        fn = self._fn.get(dev) or self._configure(dev)
+        types = tuple(map(type, args))
+        plan = _PLANS.get(types) or _param_plan(types)
+        if plan is None:
+            raise TypeError(f"Kernel.launch takes NumPy scalars and CuPy arrays only; got {[t.__name__ for t in types]}")
+        plan.launch(fn.ptr, grid, block, args, shared_mem, stream_ptr)
+
     @property
     def raw(self):
         """The cupy.RawKernel on the current device: .num_regs, .local_size_bytes, .attributes, ..."""

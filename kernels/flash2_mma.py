@@ -173,6 +173,14 @@ def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
     return config
 
 
+def launch_config(Tq: int, Tk: int, d: int, dtype, scale: float, causal: bool, BH: int):
+    """(kernel, grid, block, shared memory, constant arguments) of the dense launch that forward() makes for this
+    problem with the default tile, for callers that bring their own buffers: kernels/torch_ops.py launches it on
+    torch tensors' pointers, (q, k, v, o, lse) + constants, after checking them as forward's validation does."""
+    key = (Tq, Tk, d, dtype, scale, bool(causal), None, True, BH)
+    return _LAUNCHES.get(key) or _launch_config(*key)
+
+
 def _check_packed(x, name: str, dev: int, dtypes, H: int | None = None, d: int | None = None):
     """x must be a CuPy (total, H, d) array of `dtypes` on device `dev` whose (H, d) part is contiguous; its token
     stride may be larger than H*d (a view into a fused QKV tensor) but must be a multiple of 16 bytes, and its base

@@ -10,7 +10,7 @@ torch.compile and meta tensors, and an autograd formula; each passes torch.libra
 
     course::flash_attn_fwd(q, k, v, causal, scale) -> (o, lse)     kernels/flash2_mma.cu, lse float32 (B, H, Tq)
     course::flash_attn_bwd(do, q, k, v, o, lse, dlse, causal, scale) -> (dq, dk, dv)   kernels/flash2_mma_bwd.cu
-    course::masked_softmax(x, lengths) -> y                        kernels/softmax.cu (softmax_masked_lengths)
+    course::masked_softmax(x, lengths) -> y                        kernels/softmax.cu (softmax_masked_lengths[_warp])
     course::masked_softmax_bwd(y, dy, lengths) -> dx               kernels/softmax_bwd.cu
 
 The bridge (one place, `_on_torch_stream`): tensors cross to CuPy and back through DLPack (no copy: the CuPy array
@@ -19,6 +19,11 @@ current stream and we enter cupy.cuda.ExternalStream(torch.cuda.current_stream()
 every allocation, ours or a launcher's, comes from torch's caching allocator (outputs are torch.empty; inside the
 bridge CuPy's allocator is pointed at torch.empty too), so memory is reused the way the rest of the model's is and
 is freed in torch's stream order.
+
+The two forward operators, which a model calls at every step, take a shorter road with the same three properties:
+torch allocates their outputs, and the kernel is launched directly on the tensors' device pointers and on torch's
+current stream (kernels._core.Kernel.launch), after torch-side checks that mirror the launcher's. No DLPack crossing,
+no stream or allocator context: about a tenth of the bridge's host time.
 
 Importing this module needs neither torch nor a GPU: without torch, `AVAILABLE` is False and nothing is registered
 (kernels/__init__.py does not import it; import it yourself).
@@ -29,7 +34,9 @@ import warnings
 from typing import Optional
 
 from . import flash2_mma, flash2_mma_bwd, softmax, softmax_bwd
-from ._core import cp
+import numpy as np
+
+from ._core import DEFAULT_MIN_CC, INT32_MAX, check_compute_capability, cp
 
 try:
     import torch
@@ -41,6 +48,7 @@ NAMESPACE = "course"
 ATTN_DTYPES = ("float16", "bfloat16")
 MAX_D = flash2_mma_bwd.MAX_D
 D_MULTIPLE = flash2_mma_bwd.D_MULTIPLE
+ALIGN = flash2_mma.ALIGN
 
 __all__ = ["AVAILABLE", "attention", "attention_with_lse", "masked_softmax", "to_cupy", "to_torch"]
 
@@ -48,6 +56,14 @@ __all__ = ["AVAILABLE", "attention", "attention_with_lse", "masked_softmax", "to
 # ---------------------------------------------------------------------------------------------------------
 # The bridge
 # ---------------------------------------------------------------------------------------------------------
+
+_TORCH_SETS: dict = {}  # tuple of dtype names -> frozenset of torch dtypes
+
+
+def _torch_set(dtypes: tuple) -> frozenset:
+    out = _TORCH_SETS[dtypes] = frozenset(getattr(torch, n) for n in dtypes)
+    return out
+
 
 def _check_tensor(t, name: str, dtypes: tuple, ndim: int | None = None) -> None:
     """A clear TypeError / ValueError for what the kernels cannot take: not a tensor, not on a CUDA device, another
@@ -57,7 +73,7 @@ def _check_tensor(t, name: str, dtypes: tuple, ndim: int | None = None) -> None:
     if t.device.type != "cuda":
         raise ValueError(f"{name} is on device {t.device}; these operators run on CUDA tensors (move it with "
                          f"{name}.cuda())")
-    if t.dtype not in [getattr(torch, n) for n in dtypes]:
+    if t.dtype not in (_TORCH_SETS.get(dtypes) or _torch_set(dtypes)):
         raise TypeError(f"{name} has dtype {t.dtype}; this operator takes {', '.join(dtypes)}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D; got shape {tuple(t.shape)}")
@@ -164,6 +180,44 @@ class _on_torch_stream:
         return False
 
 
+# The short road, for the forward operators a model calls at every step: torch allocates the outputs, the launch
+# takes the tensors' device pointers and torch's current stream directly, and nothing crosses through DLPack.
+# (The backward operators and anything that needs CuPy arrays take the bridge above.)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) if AVAILABLE else None
+_NP_DTYPES: dict = {}  # torch dtype -> the NumPy dtype the launchers key their builds by
+_CC_CHECKED: set = set()  # devices whose compute capability was checked
+
+
+def _stream_of(t) -> int:
+    """torch's current stream on t's device, as a raw cudaStream_t handle."""
+    i = t.device.index
+    return _raw_stream(i) if _raw_stream is not None else torch.cuda.current_stream(i).cuda_stream
+
+
+def _np_dtype(dtype):
+    out = _NP_DTYPES.get(dtype)
+    if out is None:  # (NumPy knows "bfloat16" through ml_dtypes, which kernels._core imports)
+        out = _NP_DTYPES[dtype] = np.dtype(str(dtype).removeprefix("torch."))
+    return out
+
+
+def _check_cc(i: int) -> None:
+    """The tensor-core attention kernels need compute capability 8.0 (mma.sync with bfloat16); checked once a device."""
+    if i not in _CC_CHECKED:
+        check_compute_capability(DEFAULT_MIN_CC, flash2_mma.WHAT, i)
+        _CC_CHECKED.add(i)
+
+
+def _launch(t, kernel, grid, block, args, smem=0) -> None:
+    """kernel on t's device and torch's current stream there; args hold tensors' pointers as np.uint64."""
+    i = t.device.index
+    if cp.cuda.runtime.getDevice() == i:
+        kernel.launch(grid, block, args, smem, _stream_of(t))
+    else:
+        with cp.cuda.Device(i):
+            kernel.launch(grid, block, args, smem, _stream_of(t))
+
+
 def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(t, name, ATTN_DTYPES, 4)
@@ -175,6 +229,17 @@ def _check_qkv(q, k, v) -> None:
     d = q.shape[3]
     if d > MAX_D or d % D_MULTIPLE:
         raise ValueError(f"head dimension d={d} must be a multiple of {D_MULTIPLE} and <= {MAX_D}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if min(q.shape[:3]) < 1 or k.shape[2] < 1:
+        raise ValueError(f"every dimension must be >= 1; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if max(q.numel(), k.numel()) > INT32_MAX:
+        raise ValueError(f"q and k must have at most {INT32_MAX} elements each (the kernels index with 32-bit "
+                         f"integers); got {q.numel()} and {k.numel()}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.data_ptr() % ALIGN:
+            raise ValueError(f"{name} starts at address {t.data_ptr():#x}, not a multiple of {ALIGN} bytes (a view "
+                             f"with a storage offset?); the kernels copy 16-byte chunks: pass {name}.clone()")
 
 
 def _scale(scale, d: int) -> float:
@@ -195,10 +260,17 @@ if AVAILABLE:
         """o = softmax(scale q k^T [causal]) v and lse (float32 (B, H, Tq), natural log), by flash2_mma.
         (The operator's body; called directly it skips torch's dispatcher: kernels/bench_torch.py times both.)"""
         _check_qkv(q, k, v)
-        with _on_torch_stream(q.device.index):
-            o, lse = flash2_mma.forward(to_cupy(q), to_cupy(k), to_cupy(v), causal=causal, scale=scale,
-                                        return_lse=True)
-            return to_torch(o), to_torch(lse)
+        _check_cc(q.device.index)
+        B, H, Tq, d = q.shape
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+        kernel, grid, block, smem, tail = flash2_mma.launch_config(Tq, k.shape[2], d, _np_dtype(q.dtype), scale,
+                                                                   causal, B * H)
+        ptr = np.uint64
+        _launch(q, kernel, grid, block,
+                (ptr(q.data_ptr()), ptr(k.data_ptr()), ptr(v.data_ptr()), ptr(o.data_ptr()), ptr(lse.data_ptr()))
+                + tail, smem)
+        return o, lse
 
     flash_attn_fwd = torch.library.custom_op(f"{NAMESPACE}::flash_attn_fwd", mutates_args=())(flash_attn_fwd_impl)
 
@@ -249,8 +321,13 @@ if AVAILABLE:
         """softmax(x[r, :lengths[r]]) per row r (zeros beyond), float32, by softmax.cu's softmax_masked_lengths."""
         _check_softmax(x, lengths)
         y = torch.empty_like(x)
-        with _on_torch_stream(x.device.index):
-            softmax.masked_softmax(to_cupy(x), to_cupy(lengths), out=to_cupy(y))
+        cols = x.shape[-1]
+        rows = x.numel() // cols
+        kernel, grid, block = softmax.masked_launch(rows, cols)
+        xp, yp = x.data_ptr(), y.data_ptr()
+        vec = cols % 4 == 0 and xp % 16 == 0 and yp % 16 == 0
+        _launch(x, kernel, grid, block, (np.uint64(yp), np.uint64(xp), np.uint64(lengths.data_ptr()), np.int64(rows),
+                                         np.int32(cols), np.int32(vec)))
         return y
 
     @masked_softmax_op.register_fake

@@ -320,6 +320,32 @@ def test_op_errors(cuda):
         torch_ops.masked_softmax(x.t(), lengths)
 
 
+def test_forward_op_checks_what_its_direct_launch_needs(cuda):
+    """The forward operator launches on the tensors' pointers, so it checks alignment and sizes itself."""
+    (q, k, v, _), _ = _tensors(1, 2, 16, 16, 32, "float16")
+    buf = torch.zeros(q.numel() + 4, dtype=torch.float16, device="cuda")
+    q_off = buf[4:].view(q.shape).copy_(q)  # 8 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        torch_ops.attention(q_off, k, v)
+    with pytest.raises(ValueError, match=">= 1"):
+        torch_ops.attention(q[:, :, :0], k, v)
+    with pytest.raises(ValueError, match="agree"):
+        torch_ops.attention(q, k[:, :1].contiguous(), v[:, :1].contiguous())
+    o = torch_ops.attention(q_off.clone(), k, v)  # the clone the message suggests is aligned
+    assert torch.equal(o, torch_ops.attention(q, k, v))
+
+
+@pytest.mark.parametrize("rows,cols,offset", [(1000, 128, 0), (7, 129, 0), (5, 64, 1), (3, 1000, 0), (2, 4099, 0)])
+def test_masked_softmax_op_warp_and_block_rows_aligned_or_not(cuda, rows, cols, offset):
+    buf = torch.randn(rows * cols + offset, device="cuda", generator=torch.Generator("cuda").manual_seed(rows)) * 5
+    x = buf[offset:].view(rows, cols)  # offset 1: 4-byte aligned rows, the scalar path
+    lengths = torch.randint(0, cols + 1, (rows,), dtype=torch.int32, device="cuda")
+    lengths[0] = cols
+    y = torch_ops.masked_softmax(x, lengths)
+    ref, _ = _softmax_ref(x.double().cpu().numpy(), lengths.cpu().numpy(), np.zeros((rows, cols)))
+    assert kernels.check(y.cpu().numpy(), ref, "float32").ok
+
+
 def test_fake_implementations_need_no_gpu():
     """Shapes through the meta (fake) implementations: what torch.compile traces with, on any machine."""
     q = torch.empty(2, 3, 17, 64, dtype=torch.float16, device="meta")
