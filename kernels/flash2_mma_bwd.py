@@ -178,6 +178,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=Non
         check_array(workspace, "workspace", dtypes=f32, ndim=1, dev=dev)
         if workspace.size < need:
             raise ValueError(f"workspace has {workspace.size} float32 elements; B H Tq (d + 2) = {need} are needed")
+        if workspace.data.ptr % ALIGN:  # the convert kernel reads the dQ accumulator as float2
+            raise ValueError(f"workspace starts at {workspace.data.ptr:#x}, not {ALIGN}-byte aligned")
     rows = B * H * Tq
     delta, lse2, dq_acc = workspace[:rows], workspace[rows:2 * rows], workspace[2 * rows:need]
 

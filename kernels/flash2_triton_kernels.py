@@ -18,6 +18,8 @@ Causal masking is bottom-right aligned: query i sees key j when j <= i + (Tk - T
 Each loop over blocks is split in two calls of one inner function:
     off-band   blocks that every row of the program sees whole: no score mask, no bound check on loads
     on-band    blocks that cross the diagonal or the end of the keys: score mask and masked loads
+(In the dK/dV kernel the loop runs over query blocks: the q, dO and lse loads are always masked by the query bound,
+the on-band stage adds the causal mask only, and rows of a key block past Tk are computed but never stored.)
 A row that sees no key keeps m = -inf and l = 0: its output is 0 and its LSE -inf (never NaN), and in the
 backward its LSE is read as +inf, so that every p = exp2(s - lse) of that row is 0 and so are its gradients.
 """

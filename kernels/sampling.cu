@@ -43,7 +43,7 @@
 // Launch (kernels/sampling.py): topk_stage1 grid (rows, S), S = ceil((V + 3) / SLICE) (+3: a row's groups start up to
 //   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block
 //   TOPK_THREADS, KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS;
-//   reorder_rows grid min(ceil(chunks / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in
+//   reorder_rows grid min(ceil(rows * chunks_per_row / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in
 //   sample_threshold). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), topk_stage1 48,
 //   topk_sample<64> and beam_stage2<64> about 155; no spills.
 // Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
@@ -53,8 +53,9 @@
 // Limits: k <= KMAX = 64. The lists need k registers per thread (a larger k: FasterTransformer moves to other selects);
 //   sample_threshold's count search works for any k, but its gather and its serial top-p over the k survivors are
 //   sized for k <= KMAX (a larger k: a block scan over the gathered candidates, and CAND_MAX >= k). V <= 2^24 (counts
-//   are float32 sums, exact below). A row without a finite logit, or with +inf or NaN logits, gives token 0 (and zero
-//   probabilities); indices read from memory (partials, parents) are clamped, so no input reads or writes out of bounds.
+//   are float32 sums, exact below). NaN logits are skipped like -inf; a row without a finite logit, or with a +inf
+//   logit, gives token 0 (and zero probabilities); indices read from memory (partials, parents) are clamped, so no
+//   input reads or writes out of bounds.
 //   |logit| < 1e37 (the pivot arithmetic); the search stops after MAX_ROUNDS rounds (never reached by finite logits
 //   of a sane range) and then treats [lo, hi] as ties at hi.
 // Numerics: float32, expf (no fast math). The GPU's kept set and token equal the float64 reference's except where a

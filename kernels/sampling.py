@@ -7,8 +7,9 @@
     k_cache = reorder_cache(k_cache, parent)                                 # rows follow their parent beams
     u = philox_uniforms(n, seed, offset)                                     # the uniforms rows 0..n-1 draw
 
-logits   (rows, V) float32 CuPy array, C-contiguous, 1 <= V <= MAX_VOCAB. Finite or -inf; a row with no finite
-         logit (or with +inf / NaN) gives token 0 and zero probabilities.
+logits   (rows, V) float32 CuPy array, C-contiguous, 1 <= V <= MAX_VOCAB. Finite (|logit| < 1e37, for the threshold
+         search's pivot arithmetic) or -inf; NaN entries are skipped like -inf. A row with no finite logit, or with a
+         +inf logit, gives token 0 and zero probabilities.
 temperature  a finite float > 0 (greedy decoding is top_k=1).
 top_k    0 (off) or an int; k >= V is off too; 1 <= k <= KMAX = 64 runs the top-k path, a k in (64, V) raises.
 top_p    in (0, 1]; 1 is off.

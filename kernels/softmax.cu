@@ -10,7 +10,8 @@
 //         row r is query i = r % Tq of a (Tq, Tk) score matrix and n_r = i + Tk - Tq + 1 (bottom-right
 //         aligned mask, clamped to [0, Tk]); without causal n_r = Tk
 //     softmax_masked_lengths, softmax_masked_lengths_warp                   n_r = lengths[r] (int32);
-//         entries at j >= n_r are never read, so padding may hold anything
+//         entries at j >= n_r are never used (the float4 paths may load up to 3 of them, inside the row, in the
+//         float4 that holds entry n_r - 1, and replace them by -inf), so padding may hold anything
 //
 // Algorithm
 //   thread per row: three passes (max, sum, normalise), one thread walks the whole row: little parallelism.

@@ -2,7 +2,7 @@
 
     y = softmax(x, method="block")                  # x: (rows, cols) float32 CuPy array
     p = scaled_causal_softmax(s, scale=0.125, causal=True)   # s: (..., Tq, Tk) raw scores q.k
-    y = masked_softmax(x, lengths)                  # lengths: (rows,) int32, entries past them never read
+    y = masked_softmax(x, lengths)                  # lengths: (rows,) int32, entries past them never used
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def _rows_cols(x, name="x"):
         raise ValueError(f"{name} must be a non-empty array of at least 1 dimension; got shape {x.shape}")
     cols = x.shape[-1]
     rows = x.size // cols
-    if cols > 2**31 - 1:
-        raise ValueError(f"rows of {cols} elements exceed the 32-bit column index (<= {2**31 - 1})")
+    if cols > MAX_COLS:
+        raise ValueError(f"rows of {cols} elements exceed the kernels' 32-bit column index (cols <= {MAX_COLS}: a "
+                         f"thread's index j + blockDim must not overflow)")
     return rows, cols
 
 
@@ -110,12 +111,14 @@ def scaled_causal_softmax(scores, *, scale: float, causal: bool = True, method: 
     return out
 
 
+MAX_COLS = 2**31 - 1 - 1024  # the kernels step a 32-bit column index by up to 1024 threads
 MASKED_WARP_MAX_COLS = 32 * 4 * 4  # rows a warp holds in registers (softmax.cu: 32 lanes x WARP_CACHE_VEC4 float4)
 
 
 def masked_softmax(x, lengths, *, block_size: int | None = None, out=None, check_lengths: bool = False,
                    method: str = "auto"):
-    """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries are never read.
+    """Softmax of x[r, :lengths[r]] for each row r; zeros beyond. Padded entries never reach the result (a float4
+    load may fetch up to 3 of them, inside the row, and they are replaced by -inf), so padding may hold anything.
 
     lengths is an int32 CuPy array with one entry per row. The kernel clamps each length to [0, cols], so no
     value can make it read or write outside its row. check_lengths=True also raises ValueError for a length

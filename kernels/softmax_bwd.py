@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import MAX_GRID_X, check_array, check_grid, check_index_range, cp, defines_from, get_kernel, require_gpu
-from .softmax import auto_block
+from .softmax import MAX_COLS, auto_block
 
 KERNEL_FILE = "softmax_bwd.cu"
 KERNEL_NAME = "masked_softmax_backward"
@@ -40,8 +40,9 @@ def backward(y, dy, lengths, *, out=None, block_size: int | None = None, check_l
         raise ValueError(f"dy has shape {dy.shape}; it must match y's {y.shape}")
     cols = y.shape[-1]
     rows = y.size // cols
-    if cols > 2**31 - 1:
-        raise ValueError(f"rows of {cols} elements exceed the 32-bit column index (<= {2**31 - 1})")
+    if cols > MAX_COLS:
+        raise ValueError(f"rows of {cols} elements exceed the kernels' 32-bit column index (cols <= {MAX_COLS}: a "
+                         f"thread's index j + blockDim must not overflow)")
     check_array(lengths, "lengths", dtypes=("int32",), ndim=1)
     if lengths.shape[0] != rows:
         raise ValueError(f"lengths has {lengths.shape[0]} entries; y has {rows} rows")

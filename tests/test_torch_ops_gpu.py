@@ -102,6 +102,9 @@ def test_backward_launcher_errors(cuda):
         flash2_mma_bwd.backward(q, k, v, o, lse, do.astype(cp.float32))
     with pytest.raises(ValueError, match="workspace"):
         flash2_mma_bwd.backward(q, k, v, o, lse, do, workspace=cp.empty(10, dtype=cp.float32))
+    need = flash2_mma_bwd.workspace_elements(1, 1, 8, 32)
+    with pytest.raises(ValueError, match="workspace starts at .*16-byte aligned"):  # 4 bytes off: float2 reads fault
+        flash2_mma_bwd.backward(q, k, v, o, lse, do, workspace=cp.empty(need + 1, dtype=cp.float32)[1:])
     with pytest.raises(ValueError, match="scale"):
         flash2_mma_bwd.backward(q, k, v, o, lse, do, scale=-1.0)
 
