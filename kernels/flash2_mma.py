@@ -177,6 +177,9 @@ def launch_config(Tq: int, Tk: int, d: int, dtype, scale: float, causal: bool, B
     """(kernel, grid, block, shared memory, constant arguments) of the dense launch that forward() makes for this
     problem with the default tile, for callers that bring their own buffers: kernels/torch_ops.py launches it on
     torch tensors' pointers, (q, k, v, o, lse) + constants, after checking them as forward's validation does."""
+    if not (scale > 0 and math.isfinite(scale)):  # forward() checks this itself; here it is the only check
+        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (the kernel folds it into exp2 after the "
+                         f"row max); got {scale}")
     key = (Tq, Tk, d, dtype, scale, bool(causal), None, True, BH)
     return _LAUNCHES.get(key) or _launch_config(*key)
 

@@ -23,7 +23,8 @@ is freed in torch's stream order.
 The two forward operators, which a model calls at every step, take a shorter road with the same three properties:
 torch allocates their outputs, and the kernel is launched directly on the tensors' device pointers and on torch's
 current stream (kernels._core.Kernel.launch), after torch-side checks that mirror the launcher's. No DLPack crossing,
-no stream or allocator context: about a tenth of the bridge's host time.
+no stream or allocator context: on the H100 the attention operator's body went from about 110 us of host time through
+the bridge to 27-52 us (kernels/bench_torch.py measures it).
 
 Importing this module needs neither torch nor a GPU: without torch, `AVAILABLE` is False and nothing is registered
 (kernels/__init__.py does not import it; import it yourself).
@@ -33,9 +34,9 @@ import math
 import warnings
 from typing import Optional
 
-from . import flash2_mma, flash2_mma_bwd, softmax, softmax_bwd
 import numpy as np
 
+from . import flash2_mma, flash2_mma_bwd, softmax, softmax_bwd
 from ._core import DEFAULT_MIN_CC, INT32_MAX, check_compute_capability, cp
 
 try:

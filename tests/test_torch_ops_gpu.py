@@ -334,6 +334,9 @@ def test_forward_op_checks_what_its_direct_launch_needs(cuda):
         torch_ops.attention(q[:, :, :0], k, v)
     with pytest.raises(ValueError, match="agree"):
         torch_ops.attention(q, k[:, :1].contiguous(), v[:, :1].contiguous())
+    for bad in (0.0, -0.125, float("nan"), float("inf")):  # the operator itself, past attention()'s own check
+        with pytest.raises(ValueError, match="scale"):
+            torch.ops.course.flash_attn_fwd(q, k, v, False, bad)
     o = torch_ops.attention(q_off.clone(), k, v)  # the clone the message suggests is aligned
     assert torch.equal(o, torch_ops.attention(q, k, v))
 
