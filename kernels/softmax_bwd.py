@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._core import MAX_GRID_X, check_array, check_grid, check_index_range, cp, defines_from, get_kernel, require_gpu
-from .softmax import MAX_COLS, auto_block
+from .softmax import _rows_cols, auto_block
 
 KERNEL_FILE = "softmax_bwd.cu"
 KERNEL_NAME = "masked_softmax_backward"
@@ -32,17 +32,10 @@ def backward(y, dy, lengths, *, out=None, block_size: int | None = None, check_l
     clamps them either way.
     """
     require_gpu()
-    check_array(y, "y", dtypes=F32)
+    rows, cols = _rows_cols(y, "y")  # the forward launcher's checks: float32, non-empty, the column limit
     check_array(dy, "dy", dtypes=F32)
-    if y.ndim < 1 or y.size == 0:
-        raise ValueError(f"y must be a non-empty array of at least 1 dimension; got shape {y.shape}")
     if dy.shape != y.shape:
         raise ValueError(f"dy has shape {dy.shape}; it must match y's {y.shape}")
-    cols = y.shape[-1]
-    rows = y.size // cols
-    if cols > MAX_COLS:
-        raise ValueError(f"rows of {cols} elements exceed the kernels' 32-bit column index (cols <= {MAX_COLS}: a "
-                         f"thread's index j + blockDim must not overflow)")
     check_array(lengths, "lengths", dtypes=("int32",), ndim=1)
     if lengths.shape[0] != rows:
         raise ValueError(f"lengths has {lengths.shape[0]} entries; y has {rows} rows")
