@@ -31,8 +31,9 @@
 //           dK  += dS^T Q_i                dS^T from registers, Q by ldmatrix.trans
 //           __syncthreads                  (sdS complete: every warp's keys)
 //           dQ_i += dS K                   (BR x BC)(BC x D): each warp a slice of the BR x D tile, dS by
-//                                          ldmatrix.trans from sdS, K by ldmatrix.trans; float32 atomics (red.add)
-//                                          into the dQ accumulator in global memory
+//                                          ldmatrix.trans from sdS, K by ldmatrix.trans; float32 atomic adds
+//                                          into the dQ accumulator in global memory (four floats per instruction
+//                                          on Hopper)
 //       dK = scale dK, dV -> 16 bits, stored
 //   flash2_bwd_convert     dQ = scale * dQ accumulator -> 16 bits (element-wise).
 //
@@ -41,9 +42,13 @@
 //   loops over queries inside a K/V block (dK, dV in registers) and adds each block's share of dQ to a float32
 //   accumulator with atomics. The alternative, a second kernel with one block per query tile looping over K/V
 //   tiles, needs no atomics and no float32 scratch (B H Tq d x 4 bytes), but recomputes S = Q K^T and dP = dO V^T:
-//   two of the five matrix products again, 40% more tensor work. The atomics cost one red.global.add per element
-//   of dQ per K/V tile (Tk / BC of them per element), which the L2 absorbs; their order varies from run to run, so
-//   dQ is not bitwise reproducible (float32 sums in a different order), while dK and dV are.
+//   two of the five matrix products again, 40% more tensor work. The atomics add every element of dQ once per K/V
+//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: one float per
+//   instruction held this kernel at about half of FlashAttention-2's speed on the H100; Hopper's vector atomics
+//   (atomicAdd on a float4, compute capability 9.0) add four neighbouring floats at once, after one lane swap
+//   puts four consecutive columns of one row in each lane, and BC = 128 keys per block halves the count again.
+//   Their order varies from run to run, so dQ is not bitwise reproducible (float32 sums in a different order),
+//   while dK and dV are.
 //
 // mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4), as in flash2_mma.cu
 //        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
@@ -62,13 +67,16 @@
 //
 // Limits (checked by kernels/flash2_mma_bwd.py): d % 8 == 0 and d <= D for a build D in {32, 64, 96, 128} (columns
 //   d..D-1 zero-filled, never written); any Tq, Tk >= 1 (rows past the end zero-filled on load, masked, not stored);
-//   q, k, v, o, dO 16-byte aligned and contiguous (B, H, T, d); lse, delta, lse2 float32 (B, H, Tq).
+//   q, k, v, o, dO 16-byte aligned and contiguous (B, H, T, d); lse, delta, lse2 float32 (B, H, Tq); the float32
+//   dQ accumulator (B, H, Tq, d) 16-byte aligned for the vector atomics (the launcher puts it at the start of its
+//   workspace, delta and lse2 after it).
 //
 // Numerics: products in 16 bits (P and dS rounded to 16 bits before their products, as in FlashAttention-2), sums in
 //   float32; exp2 by ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
 //
-// What the next version improves: K/V tiles of 128 keys with 8 warps (half the Q/dO traffic per FLOP), dQ
-//   accumulated in fragment order so the atomics are 128-byte coalesced, and on Hopper wgmma + TMA (FlashAttention-3).
+// What the next version improves: each warp re-reads the whole Q and dO tile from shared memory for its 16 keys
+//   (FlashAttention-2 splits the S tile over warps in both directions to share those reads), a second barrier per
+//   query tile that could overlap with the next tile's products, and on Hopper wgmma + TMA (FlashAttention-3).
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -390,8 +398,9 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
             }
         }
         const u32 q_tile = sQ + stage * TILE_Q, do_tile = sdO + stage * TILE_Q;
-        const float* tl = s_lse2 + stage * BR;
-        const float* td = s_delta + stage * BR;
+        // lse2 and delta of this lane's query columns 2t, 2t + 1 of each n-tile: one 8-byte shared load per pair
+        const float2* tl = reinterpret_cast<const float2*>(s_lse2 + stage * BR) + t;
+        const float2* td = reinterpret_cast<const float2*>(s_delta + stage * BR) + t;
 
         // S^T = K Q^T (16 keys x BR queries), then P^T = 2^(c S^T - lse2) in place, masked entries 0
         float acc_s[S_NT][4];
@@ -399,13 +408,14 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);
 #pragma unroll
         for (int nt = 0; nt < S_NT; ++nt) {
+            const float2 l2 = tl[nt * (MMA_N / 2)];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int col = nt * MMA_N + 2 * t + (e & 1);  // query within the tile
                 const int key = k0 + warp * MMA_M + g + 8 * (e >> 1);
                 float s = acc_s[nt][e];
                 if (edge && (key >= Tk || (causal && key > q0 + col + diag))) s = NEG_INF;
-                acc_s[nt][e] = exp2_ftz(fmaf(s, scale_log2, -tl[col]));
+                acc_s[nt][e] = exp2_ftz(fmaf(s, scale_log2, -((e & 1) ? l2.y : l2.x)));
             }
         }
         // dV += P^T dO
@@ -418,12 +428,11 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         float acc_dp[S_NT][4];
         warp_abt<D, BR, LD, BF16>(acc_dp, sV + a_off, do_tile);
 #pragma unroll
-        for (int nt = 0; nt < S_NT; ++nt)
+        for (int nt = 0; nt < S_NT; ++nt) {
+            const float2 dl = td[nt * (MMA_N / 2)];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = nt * MMA_N + 2 * t + (e & 1);
-                acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - td[col]);
-            }
+            for (int e = 0; e < 4; ++e) acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+        }
         // dS^T -> 16 bits: the A operand of dK += dS^T Q, and sdS for dQ
         {
             u32 a[BR / MMA_K][4];
@@ -442,7 +451,7 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         }
         __syncthreads();  // sdS holds every warp's keys
 
-        // dQ_i += dS K: this warp's 16 queries x DN columns, depth BC keys, then float32 atomics
+        // dQ_i += dS K: this warp's 16 queries x DN columns, depth BC keys, then float32 atomic adds
         {
             float acc_q[DN / MMA_N][4];
 #pragma unroll
@@ -461,20 +470,35 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
                     mma_16816<BF16>(acc_q[2 * np + 1], a, b[2], b[3]);
                 }
             }
+            // acc_q has the C layout: lane (g, t) holds columns 2t, 2t+1 of rows g and g + 8 in each n-tile.
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = q0 + qm * MMA_M + g + 8 * h;
-                if (row < Tq) {
-                    float* dst = dq_acc + q_base + (long long)row * d;
+            for (int nt = 0; nt < DN / MMA_N; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                // Hopper adds four floats in one reduction. Lanes t and t^1 trade halves: the even lane then holds
+                // columns 2t..2t+3 of row g, the odd lane columns 2t-2..2t+1 of row g + 8 (16-byte aligned, as
+                // d % 8 == 0 and the accumulator starts 16-byte aligned).
+                const bool odd = t & 1;
+                const float s0 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][0] : acc_q[nt][2], 1);
+                const float s1 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][1] : acc_q[nt][3], 1);
+                const int row = q0 + qm * MMA_M + g + (odd ? 8 : 0);
+                const int col = dn0 + nt * MMA_N + 2 * (t & ~1);
+                if (row < Tq && col < d) {
+                    const float4 x = odd ? make_float4(s0, s1, acc_q[nt][2], acc_q[nt][3])
+                                         : make_float4(acc_q[nt][0], acc_q[nt][1], s0, s1);
+                    atomicAdd(reinterpret_cast<float4*>(dq_acc + q_base + (long long)row * d + col), x);
+                }
+#else
 #pragma unroll
-                    for (int nt = 0; nt < DN / MMA_N; ++nt) {
-                        const int col = dn0 + nt * MMA_N + 2 * t;
-                        if (col < d) {
-                            atomicAdd(dst + col, acc_q[nt][2 * h]);
-                            atomicAdd(dst + col + 1, acc_q[nt][2 * h + 1]);
-                        }
+                for (int h = 0; h < 2; ++h) {  // before Hopper: 32-bit reductions, two per row
+                    const int row = q0 + qm * MMA_M + g + 8 * h;
+                    const int col = dn0 + nt * MMA_N + 2 * t;
+                    if (row < Tq && col < d) {
+                        float* dst = dq_acc + q_base + (long long)row * d + col;
+                        atomicAdd(dst, acc_q[nt][2 * h]);
+                        atomicAdd(dst + 1, acc_q[nt][2 * h + 1]);
                     }
                 }
+#endif
             }
         }
         if (threadIdx.x < BR) {  // the next tile's lse2 and delta, into the stage no warp reads now
@@ -510,14 +534,14 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     template __global__ void flash2_bwd_main<D, BR, NWARPS, MIN_BLOCKS, BF16>(                                      \
         const u16*, const u16*, const u16*, const u16*, const float*, const float*, float*, u16*, u16*, int, int,  \
         int, float, int);
-FLASH2_BWD_INSTANTIATE(32, 64, 4, 2, false)
-FLASH2_BWD_INSTANTIATE(64, 64, 4, 2, false)
-FLASH2_BWD_INSTANTIATE(96, 64, 4, 1, false)
-FLASH2_BWD_INSTANTIATE(128, 64, 4, 1, false)
-FLASH2_BWD_INSTANTIATE(32, 64, 4, 2, true)
-FLASH2_BWD_INSTANTIATE(64, 64, 4, 2, true)
-FLASH2_BWD_INSTANTIATE(96, 64, 4, 1, true)
-FLASH2_BWD_INSTANTIATE(128, 64, 4, 1, true)
+FLASH2_BWD_INSTANTIATE(32, 128, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(64, 128, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(96, 64, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(128, 64, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(32, 128, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(64, 128, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(96, 64, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(128, 64, 8, 1, true)
 template __global__ void flash2_bwd_preprocess<false>(const u16*, const u16*, const float*, const float*, float*,
                                                       float*, float*, long long, int);
 template __global__ void flash2_bwd_preprocess<true>(const u16*, const u16*, const float*, const float*, float*,

@@ -74,6 +74,20 @@ def test_backward_kernel_matches_reference(cuda, poison, dtype, B, H, Tq, Tk, d,
         assert not cp.any(dq[:, :, :blind].view(cp.int16)), "rows that see no key must get exactly zero dq"
 
 
+@pytest.mark.parametrize("tile", [(64, 4, 2), (32, 4, 1), (16, 2, 1)])
+@pytest.mark.parametrize("Tq,Tk,d,causal", [(150, 133, 64, True), (100, 37, 128, False), (33, 70, 32, True)])
+def test_backward_kernel_other_tiles(cuda, poison, tile, Tq, Tk, d, causal):
+    """Builds other than the default 8-warp ones (tile=): 4 and 2 warps, 16-128 query rows, ragged ends."""
+    cp = cuda
+    (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, 1, 2, Tq, Tk, d, "float16", 1.0, seed=Tq + d)
+    o, lse = flash2_mma.forward(q, k, v, causal=causal, return_lse=True)
+    dq, dk, dv = flash2_mma_bwd.backward(q, k, v, o, lse, do, causal=causal, tile=tile)
+    refs = R.attention_backward(q64, k64, v64, do64, causal=causal)
+    for name, out, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
+        res = kernels.check(out, ref, "float16")
+        assert res.ok, f"tile {tile} {name}: {res.detail()}"
+
+
 def test_backward_kernel_lse_gradient_and_scale(cuda, poison):
     """dlse (the gradient of the lse output) shifts delta; an explicit scale; checked against float64."""
     cp = cuda
