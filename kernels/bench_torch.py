@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 
@@ -176,10 +177,12 @@ def bench_host() -> dict:
     }
 
 
-def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host")) -> dict:
+def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
+        command: str | None = None) -> dict:
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": "float16", "backward_flops": "2.5 x forward",
-              "T": list(Ts), "d": list(Ds)}
+              "T": list(Ts), "d": list(Ds), "command": command,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
         result["backward"] = bench_backward(Ts, Ds, bench_kw)
     if "softmax" in parts:
@@ -219,7 +222,8 @@ def main(argv=None) -> int:
     if reason is not None:
         print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
         return 1
-    result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts)
+    command = " ".join(["python3 -m kernels.bench_torch", *(sys.argv[1:] if argv is None else argv)])
+    result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command)
     print(summary(result))
     return 0
 
