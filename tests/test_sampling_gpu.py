@@ -1,10 +1,10 @@
 """kernels/sampling.py against the float64 reference (reference/sampling.py), on the GPU.
 
 What "equal" means here. The GPU computes in float32, the reference in float64, so two things can differ, and
-only where rounding decides: the kept set of top-p, when the cumulative mass of the ranking passes p * total within
-float32 rounding (top_p_margin below measures how close), and the sampled token, when u * total lies within
-rounding of a CDF boundary (reference.cdf_margin). Every comparison below is exact outside those margins, and a
-difference is only accepted on a row whose margin is under MARGIN.
+only where rounding decides. The kept set: both keep a prefix of the ranking, and its length may differ only
+among the lengths whose boundary mass lies within MARGIN * total of p * total (kept_lengths below). The sampled
+token: it must be the float64 inverse-CDF draw over the GPU's own kept set, or a token whose CDF interval lies
+within MARGIN * total of u * total (token_distance below). Outside those windows every comparison is exact.
 
 The chi-square tests draw many tokens from one distribution (the same row repeated: each row has its own Philox
 counter) and compare the counts with the reference probabilities at a false-alarm rate of ALPHA = 1e-3 per test:
@@ -39,16 +39,59 @@ def make_logits(rows, V, *, std=1.0, seed=0, kind="normal"):
     return x.astype(np.float32)
 
 
-def top_p_margin(logits, temperature, top_k, top_p):
-    """Per row: how close (relative to the top-k mass) the ranking's cumulative mass comes to p * total."""
+def kept_lengths(logits, temperature, top_k, top_p, margin=MARGIN):
+    """Per row (lo, hi): the lengths of the ranking's prefix that a float32 computation may keep. The reference
+    keeps the tokens whose preceding mass (in ranking order, within the top k) is below p * total; a length is
+    allowed when its boundary lies within margin * total of p * total. Tokens of zero probability (-inf logits)
+    are never counted."""
     probs = R.sampling_probs(logits, temperature)[0]  # plain softmax: no top-k or top-p
-    order = R.ranking(logits)
-    ranked = np.take_along_axis(probs, order, axis=1)
-    if 0 < top_k < logits.shape[1]:
-        ranked[:, top_k:] = 0
-    cum = np.cumsum(ranked, axis=1)
-    total = cum[:, -1:]
-    return np.abs(cum - top_p * total).min(axis=1) / total[:, 0]
+    V = logits.shape[1]
+    kk = top_k if 0 < top_k < V else V
+    ranked = np.take_along_axis(probs, R.ranking(logits), axis=1)
+    ranked[:, kk:] = 0
+    positive = (ranked > 0).sum(axis=1)
+    if top_p >= 1.0:
+        lo = hi = np.full(len(probs), kk)
+    else:
+        cum = np.cumsum(ranked, axis=1)
+        total = cum[:, -1:]
+        lo = np.minimum(kk, (cum < (top_p - margin) * total).sum(axis=1) + 1)
+        hi = np.minimum(kk, (cum < (top_p + margin) * total).sum(axis=1) + 1)
+    return np.minimum(lo, positive), np.minimum(hi, positive)
+
+
+def check_kept_set(logits, temperature, top_k, top_p, kept):
+    """kept (rows, V) bool, the GPU's nonzero probabilities: a prefix of the ranking of an allowed length."""
+    n = kept.sum(axis=1)
+    ranked = np.take_along_axis(kept, R.ranking(logits), axis=1)
+    prefix = (ranked == (np.arange(kept.shape[1])[None, :] < n[:, None])).all(axis=1)
+    assert prefix.all(), f"rows {np.flatnonzero(~prefix)}: the kept set is not a prefix of the ranking"
+    lo, hi = kept_lengths(logits, temperature, top_k, top_p)
+    bad = (n < lo) | (n > hi)
+    assert not bad.any(), f"rows {np.flatnonzero(bad)} keep {n[bad]} tokens; float32 may keep {lo[bad]}..{hi[bad]}"
+
+
+def token_distance(probs, u, tokens):
+    """Per row: how far (relative to the total) u * total lies from the CDF interval of `tokens` under probs
+    (0 when the token is the inverse-CDF draw)."""
+    cum = np.cumsum(probs, axis=1)
+    edges = np.concatenate([np.zeros((len(probs), 1)), cum], axis=1)
+    rows = np.arange(len(probs))
+    target = u * cum[:, -1]
+    below, above = edges[rows, tokens], edges[rows, tokens + 1]
+    return np.maximum(0.0, np.maximum(below - target, target - above)) / cum[:, -1]
+
+
+def check_tokens(logits, temperature, kept, tokens, seed, offset):
+    """tokens: the float64 inverse-CDF draw over the kept set for the rows' Philox uniforms, or within MARGIN of it."""
+    plain = R.sampling_probs(logits, temperature)[0]
+    probs = np.where(kept, plain, 0.0)
+    probs /= probs.sum(axis=1, keepdims=True)
+    assert (probs[np.arange(len(probs)), tokens] > 0).all(), "a token outside the kept set"
+    u = R.philox_uniform(seed, np.arange(len(probs)), offset)
+    far = token_distance(probs, u, tokens) >= MARGIN
+    want = R.sample_from(probs, u)
+    assert not far.any(), f"tokens {tokens[far]} != inverse-CDF draws {want[far]} away from a CDF boundary"
 
 
 CASES = [  # V, rows, std, kind, temperature, top_k, top_p
@@ -79,31 +122,26 @@ CASES = [c + ("threshold",) for c in CASES] + [c + ("lists",) for c in CASES if 
 def test_probs_and_tokens_match_reference(gpu, poison, case):
     V, rows, std, kind, T, k, p, method = case
     x = make_logits(rows, V, std=std, seed=V + rows, kind=kind)
-    ref_probs, ref_mask = R.sampling_probs(x, T, k, p)
+    ref_probs = R.sampling_probs(x, T, k, p)[0]
     seed, offset = 1234 + V, 7
     tokens, probs = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
                               return_probs=True, top_k_method=method)
     probs, tokens = probs.get(), tokens.get()
 
-    # kept sets: exactly the reference's (as nonzero probabilities), except on a row within rounding of p
-    mask_ok = ((probs > 0) == (ref_probs > 0)).all(axis=1)
-    near = top_p_margin(x, T, k, p) < MARGIN if p < 1 else np.zeros(rows, bool)
-    assert (mask_ok | near).all(), f"kept sets differ on rows {np.flatnonzero(~mask_ok)} away from a p boundary"
-    # probabilities to float32 rounding (rows with equal kept sets)
-    if mask_ok.any():
-        res = kernels.check(probs[mask_ok], ref_probs[mask_ok], "float32")
+    # kept sets: a prefix of the ranking, exactly the reference's unless float32 rounding at p can move its end
+    kept = probs > 0
+    check_kept_set(x, T, k, p, kept)
+    same = (kept == (ref_probs > 0)).all(axis=1)
+    # probabilities to float32 rounding (rows with the reference's kept set)
+    if same.any():
+        res = kernels.check(probs[same], ref_probs[same], "float32")
         assert res.ok, res.detail()
-    # tokens: the reference's for the same seed, except within rounding of a CDF boundary
-    u = R.philox_uniform(seed, np.arange(rows), offset)
-    ref_tokens = R.sample_from(ref_probs, u)
-    diff = tokens != ref_tokens
-    assert (~diff | (R.cdf_margin(ref_probs, u) < MARGIN) | near).all(), \
-        f"tokens {tokens[diff]} != reference {ref_tokens[diff]} away from a CDF boundary"
-    assert (ref_probs[np.arange(rows), tokens] > 0).all(), "a token outside the kept set"
-    # without return_probs a top-k draw takes another route (among the gathered survivors): the same tokens
+    # tokens: the inverse-CDF draw over that kept set for the same seed
+    check_tokens(x, T, kept, tokens, seed, offset)
+    # without return_probs a top-k draw takes another route (among the gathered survivors): the same rule
     plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
                       top_k_method=method).get()
-    assert ((plain == tokens) | (R.cdf_margin(ref_probs, u) < MARGIN) | near).all()
+    check_tokens(x, T, kept, plain, seed, offset)
 
 
 def test_philox_bits_match_numpy(gpu):
@@ -214,14 +252,21 @@ def test_small_all_kernels(gpu, poison):
         tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=3, return_probs=True, top_k_method=method)
         ref_probs, _ = R.sampling_probs(x, 1.0, k, p)
         assert kernels.check(probs.get(), ref_probs, "float32").ok
-    SM.sample(gpu.asarray(x), top_k=7, top_p=0.5, seed=3)  # the draw among the gathered top k
+    tokens = SM.sample(gpu.asarray(x), top_k=7, top_p=0.5, seed=3).get()  # the draw among the gathered top k
+    check_tokens(x, 1.0, R.sampling_probs(x, 1.0, 7, 0.5)[0] > 0, tokens, 3, 0)
     ties = make_logits(2, 3001, kind="ties", seed=2)  # enough candidates for the pivot rounds and the gather
-    mixed = gpu.asarray(np.concatenate([ties, make_logits(1, 3001, kind="equal")]))  # V odd: unaligned rows
-    SM.sample(mixed, top_p=0.6, seed=1)
-    SM.sample(mixed, top_k=9, top_p=0.6, seed=1)
+    mixed = np.concatenate([ties, make_logits(1, 3001, kind="equal")])  # V odd: unaligned rows
+    for k in (0, 9):
+        tokens, probs = SM.sample(gpu.asarray(mixed), top_k=k, top_p=0.6, seed=1, return_probs=True)
+        kept = probs.get() > 0
+        check_kept_set(mixed, 1.0, k, 0.6, kept)
+        check_tokens(mixed, 1.0, kept, tokens.get(), 1, 0)
     s, par, tok = SM.beam_step(gpu.asarray(make_logits(4, 500, seed=1)), gpu.zeros((2, 2), gpu.float32), 2)
     assert np.array_equal(tok.get(), R.beam_step(make_logits(4, 500, seed=1), np.zeros((2, 2)), 2)[2])
-    SM.reorder_cache(gpu.ones((4, 8), gpu.float32), gpu.asarray(np.array([[1, 0], [1, 1]], np.int32)))
+    cache = np.arange(32, dtype=np.float32).reshape(4, 8)
+    parent = np.array([[1, 0], [1, 1]], np.int32)
+    out = SM.reorder_cache(gpu.asarray(cache), gpu.asarray(parent))
+    assert np.array_equal(out.get(), R.reorder_cache(cache, parent))
     gpu.cuda.get_current_stream().synchronize()
 
 
