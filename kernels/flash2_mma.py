@@ -244,9 +244,10 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     key gives 0 and lse = -inf. Returns o (total_q, H, d), contiguous, and with return_lse lse (H, total_q) float32.
 
     cu_seqlens live on the GPU, so they are not read here: the kernel clamps each entry to [0, total] and to not
-    below the one before, so a malformed array gives wrong rows but no out-of-bounds access; query rows no sequence
-    covers, and rows past max_seqlen_q, are not written. check_inputs=True runs check_varlen_lengths (one
-    synchronisation) first.
+    below the one before, so a malformed array gives wrong rows but no out-of-bounds access. Query rows no sequence
+    covers are not written, nor, in a sequence longer than max_seqlen_q, its leading rows: the grid's query tiles
+    are counted from each sequence's end, so only its last ceil(max_seqlen_q / BR) tiles are computed.
+    check_inputs=True runs check_varlen_lengths (one synchronisation) first, which rejects both.
     """
     dev = current_device()
     total_q, H, d, ld_q = _check_packed(q, "q", dev, DTYPE_SET)
