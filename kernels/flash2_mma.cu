@@ -56,11 +56,13 @@
 //   rows cover all 32 banks. (An XOR swizzle of the 16-byte chunks does the same without the wasted bytes.)
 //
 // Launch configuration
-//   grid  = B * H * ceil(Tq / BR) blocks, 1-D, head-major: block x works on head x / ceil(Tq/BR), so the
-//           blocks resident at one time share a few heads and re-read their K and V from L2 (the argument
-//           head_major = 0 orders heads fastest instead; notebook 06 times both). Within a head the query tiles
-//           run last to first, so that under a causal mask the longest tiles start first and the short ones
-//           fill in at the end.
+//   grid  = B * H * ceil(Tq / BR) blocks, 1-D, in one of two orders (the argument head_major). Head-major:
+//           block x works on head x / ceil(Tq/BR), so the blocks resident at one time share a few heads and
+//           re-read their K and V from L2. Heads fastest (head_major = 0): block x works on head x % (B H).
+//           Either way a head's query tiles run last to first, so that under a causal mask the longest tiles
+//           start first; heads fastest starts the longest tile of every head before any shorter one, which
+//           evens out the last wave. The launcher picks heads fastest under a causal mask while K and V of all
+//           heads are a few times the L2 at most (kernels/flash2_mma.py: grid_order; notebook 06 times both).
 //   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
 //
 // The varlen kernel (flash2_mma_varlen; notebook 09): packed tokens, FlashAttention's varlen interface
@@ -512,10 +514,9 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
                    int causal, int head_major) {
     constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
     // ---- which head and which query rows this block owns ------------------------------------------------
-    // One block per (b*h, query tile), in a 1-D grid ordered head-major: the blocks that run side by side
-    // share a head, so its K and V come from L2 rather than DRAM. Query tiles go last to first, so that
-    // under a causal mask the longest tiles of a head start first.
-    // (head_major = 0 orders the grid the other way round, heads fastest: kept to measure the difference.)
+    // One block per (b*h, query tile), in a 1-D grid. Head-major: the blocks that run side by side share a
+    // head, so its K and V come from L2 rather than DRAM. Heads fastest (head_major = 0): the longest query
+    // tile of every head first (causal masks on small problems; see the header). Query tiles go last to first.
     const int n_qtiles = (Tq + BR - 1) / BR;
     const int n_heads = gridDim.x / n_qtiles;
     const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_array, check_grid,
-                    cp, current_device, defines_from, dtype_set, get_kernel, validate_attention)
+                    cp, current_device, defines_from, device_info, dtype_set, get_kernel, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
@@ -134,18 +134,20 @@ def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME
     return Build(kernel, tile, smem, tile.rows, tile.threads)
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=True):
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None):
     """softmax(scale q k^T) v on tensor cores (mma.sync.m16n8k16), FlashAttention-2 loop; optionally the LSE.
 
     tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS]) tuple) instead of TILES[D] (notebook 06's sweep).
-    head_major: False orders the grid with heads fastest instead (to measure what the order is worth).
+    head_major: the order of the grid (see grid_order); None lets grid_order choose, True / False force head-major /
+    heads fastest (notebook 06 times both).
     """
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
                                                 what=WHAT, scale=scale, align=ALIGN)
     if not scale > 0:
         raise ValueError(f"scale must be > 0 for flash2_mma (the kernel folds it into exp2 after the row max); "
                          f"got {scale}")
-    key = (Tq, Tk, d, q.dtype, scale, bool(causal), None if tile is None else tuple(tile), bool(head_major), B * H)
+    key = (Tq, Tk, d, q.dtype, scale, bool(causal), None if tile is None else tuple(tile),
+           None if head_major is None else bool(head_major), B * H)
     launch = _LAUNCHES.get(key) or _launch_config(*key)
     kernel, grid, block, smem, tail = launch
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
@@ -159,13 +161,36 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, h
 
 _LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H) -> what a launch of that problem needs
 
+# Under a causal mask, order the grid heads fastest while K and V of all heads take at most this many times the L2
+# (see grid_order). Measured on an H100 (50 MiB of L2; fp16, d=64 and 128, B*H up to 128, one run): heads fastest was
+# 10-33% faster with 16-128 MiB of K and V at T <= 4096 except T=4096 d=64 (128 MiB, 1%), about even at T=4096 d=128
+# (256 MiB) and 5-16% slower at T >= 8192 (256 MiB and up).
+HEADS_FASTEST_MAX_KV_L2 = 3
+
+
+def grid_order(causal: bool, BH: int, Tk: int, d: int, itemsize: int, l2_bytes: int) -> bool:
+    """True for head-major (block x takes head x // n_qtiles), False for heads fastest (head x % BH).
+
+    Head-major keeps the blocks that run side by side on a few heads, so each head's K and V are read from DRAM
+    about once and then from L2: the right order without a mask, and for long sequences. Under a causal mask a
+    query tile's work grows with its index, and the kernel starts each head's last (longest) tile first; head-major
+    still leaves the short tiles of one head running beside the long tiles of the next, and the last wave uneven.
+    Heads fastest starts the longest tile of every head first, then the next longest, and so on: the wave tail
+    is short, but the blocks that run together read the K and V of all heads. So it is chosen only under a causal
+    mask and only while K and V of all heads (2 BH Tk d itemsize bytes) stay within HEADS_FASTEST_MAX_KV_L2 times the
+    L2 size."""
+    kv_bytes = 2 * BH * Tk * d * itemsize
+    return not (causal and kv_bytes <= HEADS_FASTEST_MAX_KV_L2 * l2_bytes)
+
 
 def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
     """Grid, block, shared memory and the constant arguments of one problem, worked out once (the launch then
     costs a dictionary look-up instead of a dozen small computations)."""
     kernel, _, smem, rows, threads = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
     blocks = check_grid(BH * ceil_div(Tq, rows), WHAT, MAX_GRID_X)
-    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[causal], I32[head_major])
+    order = grid_order(causal, BH, Tk, d, np.dtype(dtype).itemsize, device_info().l2_bytes) if head_major is None \
+        else head_major
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[causal], I32[order])
     if len(_LAUNCHES) > 4096:
         _LAUNCHES.clear()
     config = _LAUNCHES[(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH)] = (kernel, (blocks,), (threads,), smem,
@@ -180,7 +205,7 @@ def launch_config(Tq: int, Tk: int, d: int, dtype, scale: float, causal: bool, B
     if not (scale > 0 and math.isfinite(scale)):  # forward() checks this itself; here it is the only check
         raise ValueError(f"scale must be a finite number > 0 for flash2_mma (the kernel folds it into exp2 after the "
                          f"row max); got {scale}")
-    key = (Tq, Tk, d, dtype, scale, bool(causal), None, True, BH)
+    key = (Tq, Tk, d, dtype, scale, bool(causal), None, None, BH)
     return _LAUNCHES.get(key) or _launch_config(*key)
 
 

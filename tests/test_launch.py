@@ -76,3 +76,17 @@ def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
     cp.cuda.Device().synchronize()
     assert streams == [s.ptr, cp.cuda.get_current_stream().ptr] and streams[0] != streams[1]
     assert int(x.min()) == 6
+
+
+def test_flash2_mma_grid_order_rule():
+    """flash2_mma.grid_order: head-major without a mask and for large K+V; heads fastest under a causal mask while
+    K and V of all heads fit in HEADS_FASTEST_MAX_KV_L2 times the L2 (the boundary included)."""
+    from kernels import flash2_mma as M
+
+    l2 = 50 * 2**20
+    assert M.grid_order(False, 96, 1024, 64, 2, l2)  # no mask: head-major whatever the size
+    assert not M.grid_order(True, 96, 1024, 64, 2, l2)  # llm.c's shape, 24 MiB of K and V: heads fastest
+    assert M.grid_order(True, 128, 8192, 64, 2, l2)  # 256 MiB: head-major
+    tk = M.HEADS_FASTEST_MAX_KV_L2 * l2 // (2 * 64 * 2)  # one head, d=64, 16-bit: K+V exactly at the limit
+    assert not M.grid_order(True, 1, tk, 64, 2, l2)
+    assert M.grid_order(True, 1, tk + 1, 64, 2, l2)
