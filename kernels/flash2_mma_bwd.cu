@@ -43,8 +43,8 @@
 //   accumulator with atomics. The alternative, a second kernel with one block per query tile looping over K/V
 //   tiles, needs no atomics and no float32 scratch (B H Tq d x 4 bytes), but recomputes S = Q K^T and dP = dO V^T:
 //   two of the five matrix products again, 40% more tensor work. The atomics add every element of dQ once per K/V
-//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: one float per
-//   instruction held this kernel at about half of FlashAttention-2's speed on the H100; Hopper's vector atomics
+//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: with one float per
+//   instruction they were this kernel's bottleneck on the H100 (notebook 12, exercise 6); Hopper's vector atomics
 //   (atomicAdd on a float4, compute capability 9.0) add four neighbouring floats at once, after one lane swap
 //   puts four consecutive columns of one row in each lane, and BC = 128 keys per block halves the count again.
 //   Their order varies from run to run, so dQ is not bitwise reproducible (float32 sums in a different order),
