@@ -278,6 +278,10 @@ class Kernel:
         fn = self._fn[dev] = raw.kernel
         return fn
 
+    def function(self, dev: int):
+        """The cupy.cuda.Function of this kernel on device `dev`, configured there on first use."""
+        return self._fn.get(dev) or self._configure(dev)
+
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         dev = cp.cuda.runtime.getDevice()
         fn = self._fn.get(dev) or self._configure(dev)
@@ -343,11 +347,10 @@ class _ParamPlan:
     __slots__ = ("fmt", "arrays", "buf", "params", "params_ptr", "lock")
 
     def __init__(self, codes: list, arrays: tuple):
-        self.fmt = "@" + "".join(codes)  # native sizes and alignment: the C ABI of the kernel's parameters
+        self.fmt, offsets = _layout(codes)  # native sizes and alignment: the C ABI of the kernel's parameters
         self.arrays = arrays  # positions of the CuPy arrays (passed as their device pointers)
         self.buf = ctypes.create_string_buffer(max(struct.calcsize(self.fmt), 8))
         base = ctypes.addressof(self.buf)
-        offsets = [struct.calcsize("@" + "".join(codes[: i + 1])) - struct.calcsize(c) for i, c in enumerate(codes)]
         self.params = (ctypes.c_void_p * max(len(codes), 1))(*(base + off for off in offsets))
         self.params_ptr = ctypes.addressof(self.params)
         self.lock = threading.Lock()
@@ -365,6 +368,14 @@ class _ParamPlan:
 
 
 _driver = cp.cuda.driver if cp is not None else None
+_PTR = "Q" if np.dtype(np.uintp).itemsize == 8 else "I"  # how a device pointer is packed
+
+
+def _layout(codes: list) -> tuple:
+    """(struct format, byte offset of each argument) of kernel arguments with these struct codes, each at its C
+    alignment: the layout of the kernel's parameters."""
+    return "@" + "".join(codes), [struct.calcsize("@" + "".join(codes[: i + 1])) - struct.calcsize(c)
+                                  for i, c in enumerate(codes)]
 _PLANS: dict = {}  # tuple of argument types -> _ParamPlan (or None: not packable, use CuPy's launch)
 
 
@@ -376,7 +387,7 @@ def _param_plan(types: tuple):
     ndarray = cp.ndarray if cp is not None else None
     for i, t in enumerate(types):
         if t is ndarray:
-            codes.append("Q" if np.dtype(np.uintp).itemsize == 8 else "I")
+            codes.append(_PTR)
             arrays.append(i)
         elif t in _ARG_CODES:
             codes.append(_ARG_CODES[t])
@@ -385,6 +396,48 @@ def _param_plan(types: tuple):
             return None
     plan = _PLANS[types] = _ParamPlan(codes, tuple(arrays))
     return plan
+
+
+class Launch:
+    """One kernel launch prepared for one problem on one device; a call supplies the pointers and the stream.
+
+        launch = Launch(kernel, grid, block, smem, n_ptrs=5, tail=(np.int32(T), np.float32(scale), ...), dev=dev)
+        launch(stream_ptr, q_ptr, k_ptr, v_ptr, o_ptr, 0)      # kernel(q, k, v, o, NULL, T, scale, ...)
+
+    A kernel's leading arguments are the device pointers, which change from call to call, and its trailing ones
+    are sizes, scales and flags, which are fixed by the problem. A launcher that keeps one Launch per problem
+    (shapes, dtype, options; see the dense attention launchers) works out the grid, block and shared memory once,
+    packs the trailing arguments once into this launch's own parameter buffer, and configures the kernel on the
+    device once. A call then packs the pointers with one struct.pack_into and calls cuLaunchKernel, which copies
+    the parameters before it returns; the lock keeps two threads from packing into the buffer at once.
+    """
+
+    __slots__ = ("grid", "block", "smem", "fn_ptr", "ptr_fmt", "buf", "params", "params_ptr", "lock")
+
+    def __init__(self, kernel: "Kernel", grid: tuple, block: tuple, smem: int, n_ptrs: int, tail: tuple, dev: int):
+        codes = [_PTR] * n_ptrs
+        for x in tail:
+            if type(x) not in _ARG_CODES:
+                raise TypeError(f"Launch takes NumPy scalars after the pointers; got {type(x).__name__}")
+            codes.append(_ARG_CODES[type(x)])
+        fmt, offsets = _layout(codes)
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.block = tuple(block) + (1,) * (3 - len(block))
+        self.smem = int(smem)
+        self.fn_ptr = kernel.function(dev).ptr
+        self.ptr_fmt = "@" + _PTR * n_ptrs
+        self.buf = ctypes.create_string_buffer(max(struct.calcsize(fmt), 8))
+        struct.pack_into(fmt, self.buf, 0, *((0,) * n_ptrs + tuple(tail)))
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_void_p * max(len(codes), 1))(*(base + off for off in offsets))
+        self.params_ptr = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+    def __call__(self, stream_ptr: int, *ptrs: int) -> None:
+        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
+        with self.lock:
+            struct.pack_into(self.ptr_fmt, self.buf, 0, *ptrs)
+            _driver.launchKernel(self.fn_ptr, gx, gy, gz, bx, by, bz, self.smem, stream_ptr, self.params_ptr, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -508,7 +561,8 @@ def _dtype_list(dtypes) -> str:
 
 # A CuPy array knows whether it is C-contiguous; `_c_contiguous` reads that flag without building the
 # `flags` object (about half a microsecond per array on the launch path). Fall back where a CuPy lacks it.
-if cp is not None and hasattr(cp.ndarray, "_c_contiguous"):
+_HAS_C_CONTIGUOUS = cp is not None and hasattr(cp.ndarray, "_c_contiguous")
+if _HAS_C_CONTIGUOUS:
     _c_contiguous = operator.attrgetter("_c_contiguous")
 else:  # pragma: no cover
     def _c_contiguous(x):
@@ -595,6 +649,81 @@ def validate_attention(q, k, v, *, dtypes, max_d: int, min_cc=DEFAULT_MIN_CC, wh
     if info.cc < min_cc:
         check_compute_capability(min_cc, what, dev)
     return B, H, Tq, Tk, d, scale
+
+
+_ndarray = cp.ndarray if cp is not None else None
+_FLOAT32 = np.dtype(np.float32)
+
+
+def qkv_key(q, k, v, dev: int, align: int):
+    """(q.shape, k.shape, v.shape, dtype, dev) when q, k and v pass the checks that belong to the arrays rather than
+    to their shapes: CuPy ndarrays, C-contiguous, on device `dev`, of one dtype, each base a multiple of `align`
+    bytes. Otherwise None.
+
+    What validate_attention concludes from shapes, dtype and device holds for every call with the same key, so a
+    launcher can validate a problem once and keep what its launch needs under this key (attention_launch). A call
+    whose arrays fail this quick test takes the full validation, which raises the precise error (or accepts an
+    input this test is stricter about, such as a NumPy dtype in another byte order)."""
+    if type(q) is _ndarray and type(k) is _ndarray and type(v) is _ndarray and _HAS_C_CONTIGUOUS:
+        qd, kd, vd = q.data, k.data, v.data
+        dtype = q.dtype
+        if (q._c_contiguous and k._c_contiguous and v._c_contiguous and qd.device_id == dev and kd.device_id == dev
+                and vd.device_id == dev and k.dtype is dtype and v.dtype is dtype
+                and not (qd.ptr % align or kd.ptr % align or vd.ptr % align)):
+            return q.shape, k.shape, v.shape, dtype, dev
+    return None
+
+
+_LAUNCH_CACHES: list = []
+
+
+def launch_cache() -> dict:
+    """A new dict for a launcher's prepared launches (attention_launch), known to clear_launch_caches."""
+    cache: dict = {}
+    _LAUNCH_CACHES.append(cache)
+    return cache
+
+
+def clear_launch_caches() -> None:
+    """Forget every prepared launch, so that the next call of each problem is validated and prepared again (tests
+    that pretend the GPU is another one use this; a real GPU does not change while a process runs)."""
+    for cache in _LAUNCH_CACHES:
+        cache.clear()
+
+
+def attention_launch(cache: dict, prepare, q, k, v, align: int, options: tuple, return_lse: bool):
+    """The call path of the dense attention launchers: allocate o (B, H, Tq, d), and lse (B, H, Tq) float32 when
+    return_lse, launch the kernel on (q, k, v, o, lse or NULL) and return o, or (o, lse).
+
+    prepare(q, k, v, dev, *options) validates the inputs, raising the error that names what is wrong, and returns
+    (Launch, shape of o, dtype of o, shape of lse) for this problem. It runs on the first call of a problem; its
+    result is kept in `cache` (made by launch_cache()) under (qkv_key(...), options), so a later call with the same
+    shapes, dtype, device and options checks only what differs between arrays of equal shapes (qkv_key), allocates
+    and launches. o and lse come from CuPy's allocator (aligned to 256 bytes or more), so kernels may store vectors.
+    """
+    dev = cp.cuda.runtime.getDevice() if _GPU_OK else current_device()
+    key = qkv_key(q, k, v, dev, align)
+    entry = None
+    if key is not None:
+        key = (key, options)
+        try:
+            entry = cache.get(key)
+        except TypeError:  # an option that cannot be hashed (a tile given as a list): prepared on every call
+            key = None
+    if entry is None:
+        entry = prepare(q, k, v, dev, *options)
+        if key is not None:
+            if len(cache) >= 1024:
+                cache.clear()
+            cache[key] = entry
+    launch, o_shape, o_dtype, lse_shape = entry
+    o = _ndarray(o_shape, o_dtype)
+    if return_lse:
+        lse = _ndarray(lse_shape, _FLOAT32)
+        launch(cp.cuda.get_current_stream().ptr, q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, lse.data.ptr)
+        return o, lse
+    launch(cp.cuda.get_current_stream().ptr, q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, 0)
+    return o
 
 
 def check_index_range(x, name: str, lo: int, hi: int) -> None:

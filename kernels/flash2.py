@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, defines_from, dtype_set, get_kernel,
-                    scalar, validate_attention)
+from ._core import (I32, MAX_GRID_X, MAX_GRID_YZ, Launch, attention_launch, ceil_div, check_grid, defines_from,
+                    dtype_set, get_kernel, launch_cache, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2.cu"
@@ -110,20 +110,25 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     tile: optional Flash2Tile (or (BR, BC, TM, TN)) instead of TILES[D] (for experiments; checked like the
     static_asserts).
     """
+    return attention_launch(_CALLS, _prepare, q, k, v, VEC_ALIGN, (causal, scale, tile), return_lse)
+
+
+VEC_ALIGN = 16  # bytes: with q, k, v at 16-byte aligned bases and d % 4 == 0 the kernel loads float4 vectors
+_CALLS = launch_cache()  # (qkv_key, options) -> what _prepare returned (see kernels._core.attention_launch)
+
+
+def _prepare(q, k, v, dev, causal, scale, tile):
+    """Validate q, k, v and return (Launch, o shape, o dtype, lse shape): one problem's launch, made once.
+    Any base address is accepted; the kernel reads float4 vectors only where d % 4 == 0 and q, k, v start at 16-byte
+    boundaries (o and lse come from CuPy's allocator, which aligns to at least 256 bytes)."""
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, what=WHAT, scale=scale)
     kernel, tile, smem = build(BUILD_FOR[d], None if tile is None else tuple(tile))
     grid_y = ceil_div(Tq, tile.BR)
-    if grid_y > MAX_GRID_YZ or B * H > MAX_GRID_X:
-        check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
-        check_grid(B * H, WHAT, MAX_GRID_X)
-    o = cp.empty((B, H, Tq, d), dtype=cp.float32)
-    lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
-    vec4 = d % 4 == 0 and not (q.data.ptr | k.data.ptr | v.data.ptr | o.data.ptr) % 16
-    kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, NULL if lse is None else lse, scalar(np.int32, Tq), scalar(np.int32, Tk), scalar(np.int32, d),
-            scalar(np.float32, scale * LOG2E), I32[bool(causal)], I32[bool(vec4)]),
-           smem)
-    return (o, lse) if return_lse else o
+    check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
+    check_grid(B * H, WHAT, MAX_GRID_X)
+    vec4 = d % 4 == 0 and not (q.data.ptr | k.data.ptr | v.data.ptr) % VEC_ALIGN
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[bool(causal)], I32[vec4])
+    return Launch(kernel, (B * H, grid_y), (tile.threads,), smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
 
 
 register(Variant(

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, cuda_header_options,
-                    defines_from, dtype_set, get_kernel, scalar, validate_attention)
+from ._core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, Launch, attention_launch, ceil_div, check_grid,
+                    cuda_header_options, defines_from, dtype_set, get_kernel, launch_cache, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_wmma.cu"
@@ -111,20 +111,22 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     q: (B, H, Tq, d), k and v: (B, H, Tk, d), one dtype (float16 or bfloat16), C-contiguous, 16-byte aligned.
     tile: optional WmmaTile (or (BR, BC)) instead of TILES[D] (for experiments; checked like the static_asserts).
     """
+    return attention_launch(_CALLS, _prepare, q, k, v, ALIGN, (causal, scale, tile), return_lse)
+
+
+_CALLS = launch_cache()  # (qkv_key, options) -> what _prepare returned (see kernels._core.attention_launch)
+
+
+def _prepare(q, k, v, dev, causal, scale, tile):
+    """Validate q, k, v and return (Launch, o shape, o dtype, lse shape): one problem's launch, made once."""
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, what=WHAT,
                                                 d_multiple=D_MULTIPLE, scale=scale, align=ALIGN)
     kernel, tile, smem = build(DTYPE_NAMES[q.dtype], BUILD_FOR[d], None if tile is None else tuple(tile))
     grid_y = ceil_div(Tq, tile.BR)
-    if grid_y > MAX_GRID_YZ or B * H > MAX_GRID_X:
-        check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
-        check_grid(B * H, WHAT, MAX_GRID_X)
-    o = cp.empty((B, H, Tq, d), dtype=q.dtype)
-    lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
-    kernel((B * H, grid_y), (tile.threads,),
-           (q, k, v, o, NULL if lse is None else lse, scalar(np.int32, Tq), scalar(np.int32, Tk), scalar(np.int32, d),
-            scalar(np.float32, scale * LOG2E), I32[bool(causal)]),
-           smem)
-    return (o, lse) if return_lse else o
+    check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
+    check_grid(B * H, WHAT, MAX_GRID_X)
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[bool(causal)])
+    return Launch(kernel, (B * H, grid_y), (tile.threads,), smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
 
 
 register(Variant(
