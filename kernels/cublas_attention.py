@@ -36,11 +36,11 @@ TF32
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import numpy as np
 
-from ._core import INT32_MAX, ceil_div, check_array, cp, get_kernel, require_gpu, validate_attention
+from ._core import INT32_MAX, ceil_div, check_array, cp, current_device, get_kernel, require_gpu, validate_attention
 from .registry import Variant, register
 from .softmax import scaled_causal_softmax, softmax
 
@@ -77,8 +77,9 @@ def _cublas():
     return cublas
 
 
+@functools.lru_cache(maxsize=None)
 def cublas_constant(name: str) -> int:
-    """The value of a cuBLAS enum constant: CuPy's if it exports the name, else cublas_api.h's."""
+    """The value of a cuBLAS enum constant: CuPy's if it exports the name, else cublas_api.h's (looked up once)."""
     return int(getattr(_cublas(), name, _FALLBACK_CONSTANTS[name]))
 
 
@@ -88,29 +89,40 @@ def constants_source() -> dict:
     return {n: ("cupy" if hasattr(lib, n) else "cublas_api.h fallback") for n in _FALLBACK_CONSTANTS}
 
 
-@contextlib.contextmanager
-def _cublas_handle(math_mode_name: str = "CUBLAS_DEFAULT_MATH"):
-    """CuPy's cuBLAS handle for the current device, with host pointer mode and the given math mode.
+_HANDLES: dict = {}  # (device id, math mode name) -> a cuBLAS handle of this module's own
 
-    The handle is shared with the rest of CuPy, so both modes are restored on exit. CuPy's wrappers
-    bind the handle to the current stream on every call.
+
+def _cublas_handle(math_mode_name: str = "CUBLAS_DEFAULT_MATH"):
+    """(CuPy's cuBLAS bindings, a cuBLAS handle) for the current device and math mode, bound to the current stream.
+
+    The handles are this module's own, one per device and math mode, made on first use with host pointer mode (alpha
+    and beta are host scalars) and the math mode already set. So a GEMM sets no mode on its way (only the stream a
+    handle works on), and CuPy's own handle stays as CuPy configured it.
     """
+    dev = current_device()
     lib = _cublas()
-    handle = cp.cuda.device.get_cublas_handle()
-    want_math = cublas_constant(math_mode_name)
-    want_ptr = cublas_constant("CUBLAS_POINTER_MODE_HOST")
-    old_math, old_ptr = lib.getMathMode(handle), lib.getPointerMode(handle)
-    if old_math != want_math:
-        lib.setMathMode(handle, want_math)
-    if old_ptr != want_ptr:
-        lib.setPointerMode(handle, want_ptr)
-    try:
-        yield lib, handle
-    finally:
-        if old_math != want_math:
-            lib.setMathMode(handle, old_math)
-        if old_ptr != want_ptr:
-            lib.setPointerMode(handle, old_ptr)
+    handle = _HANDLES.get((dev, math_mode_name))
+    if handle is None:
+        handle = lib.create()  # on the current device
+        lib.setPointerMode(handle, cublas_constant("CUBLAS_POINTER_MODE_HOST"))
+        lib.setMathMode(handle, cublas_constant(math_mode_name))
+        _HANDLES[(dev, math_mode_name)] = handle
+    lib.setStream(handle, cp.cuda.get_current_stream().ptr)
+    return lib, handle
+
+
+_HOST_SCALARS: dict = {}  # value -> (float32 NumPy array, its address): GEMM scalars, made once per value
+
+
+def _host_scalar(value: float) -> int:
+    """The address of a float32 holding `value`, for cuBLAS's host pointer mode (kept alive in _HOST_SCALARS)."""
+    entry = _HOST_SCALARS.get(value)
+    if entry is None:
+        if len(_HOST_SCALARS) > 1024:
+            _HOST_SCALARS.clear()
+        a = np.array(value, dtype=np.float32)
+        entry = _HOST_SCALARS[value] = (a, a.ctypes.data)
+    return entry[1]
 
 
 def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
@@ -129,15 +141,13 @@ def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ld
         if val > INT32_MAX:
             raise ValueError(f"GEMM dimension {name}={val} exceeds cuBLAS's 32-bit limit ({INT32_MAX})")
     compute = cublas_constant("CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F")
-    a = np.array(alpha, dtype=np.float32)  # host scalars: pointer mode HOST, read during the call
-    b = np.array(beta, dtype=np.float32)
-    with _cublas_handle() as (lib, handle):
-        lib.gemmStridedBatchedEx(
-            handle, cublas_constant(transa), cublas_constant(transb), m, n, k,
-            a.ctypes.data, A.data.ptr, ab_type, lda, strideA,
-            B.data.ptr, ab_type, ldb, strideB,
-            b.ctypes.data, C.data.ptr, c_type, ldc, strideC,
-            batch, compute, cublas_constant("CUBLAS_GEMM_DEFAULT"))
+    lib, handle = _cublas_handle()
+    lib.gemmStridedBatchedEx(
+        handle, cublas_constant(transa), cublas_constant(transb), m, n, k,
+        _host_scalar(alpha), A.data.ptr, ab_type, lda, strideA,  # alpha, beta: host scalars
+        B.data.ptr, ab_type, ldb, strideB,
+        _host_scalar(beta), C.data.ptr, c_type, ldc, strideC,
+        batch, compute, cublas_constant("CUBLAS_GEMM_DEFAULT"))
 
 
 def _qk_gemm(q, k, s, alpha, tf32):
@@ -285,12 +295,10 @@ def linear(x, w, *, tf32=False):
     """
     N, C, Co = _validate_projection(x, (w,), ("w",))
     y = cp.empty((N, Co), dtype=cp.float32)
-    a, b = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
-    mode = "CUBLAS_TF32_TENSOR_OP_MATH" if tf32 else "CUBLAS_DEFAULT_MATH"
-    with _cublas_handle(mode) as (lib, handle):
-        n_op = cublas_constant("CUBLAS_OP_N")
-        lib.sgemm(handle, n_op, n_op, Co, N, C, a.ctypes.data, w.data.ptr, Co, x.data.ptr, C,
-                  b.ctypes.data, y.data.ptr, Co)
+    lib, handle = _cublas_handle("CUBLAS_TF32_TENSOR_OP_MATH" if tf32 else "CUBLAS_DEFAULT_MATH")
+    n_op = cublas_constant("CUBLAS_OP_N")
+    lib.sgemm(handle, n_op, n_op, Co, N, C, _host_scalar(1.0), w.data.ptr, Co, x.data.ptr, C,
+              _host_scalar(0.0), y.data.ptr, Co)
     return y
 
 
@@ -316,16 +324,14 @@ def fused_qkv_projection(x, wq, wk, wv, *, tf32=False):
                                  + [x.data.ptr] * 3                      # B_i = x^T column-major, shared
                                  + [o.data.ptr for o in outs])           # C_i = out_i^T column-major
     base, step = ptrs.data.ptr, 3 * ptrs.itemsize
-    a, b = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
-    mode = "CUBLAS_TF32_TENSOR_OP_MATH" if tf32 else "CUBLAS_DEFAULT_MATH"
-    with _cublas_handle(mode) as (lib, handle):
-        n_op = cublas_constant("CUBLAS_OP_N")
-        lib.sgemmBatched(handle, n_op, n_op, Co, N, C, a.ctypes.data,
-                         base, Co,             # Aarray: wq, wk, wv
-                         base + step, C,       # Barray: x, x, x
-                         b.ctypes.data,
-                         base + 2 * step, Co,  # Carray: q, k, v
-                         3)
+    lib, handle = _cublas_handle("CUBLAS_TF32_TENSOR_OP_MATH" if tf32 else "CUBLAS_DEFAULT_MATH")
+    n_op = cublas_constant("CUBLAS_OP_N")
+    lib.sgemmBatched(handle, n_op, n_op, Co, N, C, _host_scalar(1.0),
+                     base, Co,             # Aarray: wq, wk, wv
+                     base + step, C,       # Barray: x, x, x
+                     _host_scalar(0.0),
+                     base + 2 * step, Co,  # Carray: q, k, v
+                     3)
     return outs
 
 
