@@ -253,8 +253,9 @@ class Kernel:
     The file is compiled once per process (load_module). On each device the kernel is configured once,
     the first time it is launched there: a kernel that needs more than 48 KB of dynamic shared memory
     opts in up to `shared_mem` (after checking it against the device's limit), and `carveout` (percent of
-    the SM's L1/shared storage given to shared memory) is set. A launch after that costs a dictionary look-up
-    and CuPy's own argument packing.
+    the SM's L1/shared storage given to shared memory) is set. A launch after that costs a dictionary look-up,
+    one struct.pack_into of the arguments (see _ParamPlan) and cuLaunchKernel; a Launch (below) also skips the packing
+    of the constant arguments.
     """
 
     __slots__ = ("filename", "name", "name_expressions", "defines", "shared_mem", "carveout", "_fn", "_raw")
