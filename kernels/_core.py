@@ -50,7 +50,7 @@ NVRTC_OPTIONS = ("--std=c++17",)
 # Every kernel of the course needs at least Ampere (sm_80): cp.async, bf16 and mma.m16n8k16.
 DEFAULT_MIN_CC = (8, 0)
 
-DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
+DEFAULT_SHARED_LIMIT = 48 * 1024  # shared memory (static + dynamic) a block may use without opting in
 MAX_GRID_X = 2**31 - 1  # the launch limits of every CUDA GPU since compute capability 3.0
 MAX_GRID_YZ = 65535
 INT32_MAX = 2**31 - 1
@@ -271,7 +271,10 @@ class Kernel:
     def _configure(self, dev: int):
         check_shared_memory(self.shared_mem, f"{self.filename}:{self.name}", dev)  # before compiling anything
         raw = load_module(self.filename, self.name_expressions, self.defines).get_function(self.name)
-        if self.shared_mem > DEFAULT_SHARED_LIMIT:  # above the default limit a kernel must ask explicitly
+        # Past the default limit a block must opt in, and the limit counts static shared memory too: a kernel with
+        # 48 KB of dynamic and any static shared memory needs the attribute. So set it whenever the static part plus
+        # the dynamic part passes the limit.
+        if self.shared_mem and self.shared_mem + int(raw.attributes["shared_size_bytes"]) > DEFAULT_SHARED_LIMIT:
             raw.max_dynamic_shared_size_bytes = self.shared_mem
         if self.carveout is not None:
             raw.preferred_shared_memory_carveout = int(self.carveout)
