@@ -9,8 +9,8 @@ SDPA (which has no per-sequence lengths) computes the same thing:
     B=64 Hq=32 Hkv=8  L=2048      GQA, large batch
     B=16 Hq=32 Hkv=32 L=8192      multi-head, 2 GiB of cache
 
-For each shape and each of our kernels (decode_ft in the plain and in FasterTransformer's key layout, decode_split on a
-contiguous and on a paged cache) and each SDPA backend (flash, cuDNN, efficient; F.scaled_dot_product_attention(q, k,
+For each shape and each of our kernels (decode_ft in the plain and in FasterTransformer's key layout; decode_split's
+CUDA-core kernel and its tensor-core kernel decode_split_mma, each on a contiguous and on a paged cache) and each SDPA backend (flash, cuDNN, efficient; F.scaled_dot_product_attention(q, k,
 v, enable_gqa=True) where Hq != Hkv; a backend that refuses is recorded as "not run: <its reason>"):
 
     kernel us        GPU time per call (kernels.timing.benchmark: calls queued back to back behind a hold kernel)
@@ -90,10 +90,11 @@ def our_kernels(x: dict) -> dict:
         x["k_ft"] = decode_ft.to_ft_layout(x["k"])
     runs["decode_ft (FT layout, 1 thread/key)"] = lambda: decode_ft.decode(
         x["q"], x["k_ft"], x["v"], x["seqlens"], threads_per_key=FT_LAYOUT_TPK)
-    runs["decode_split"] = lambda: decode_split.decode(x["q"], x["k"], x["v"], x["seqlens"])
-    if "table" in x:
-        runs[f"decode_split (paged, {PAGE_SIZE})"] = lambda: decode_split.decode(
-            x["q"], x["k_pages"], x["v_pages"], x["seqlens"], block_table=x["table"])
+    for name, tc in (("decode_split", False), ("decode_split_mma", True)):
+        runs[name] = lambda tc=tc: decode_split.decode(x["q"], x["k"], x["v"], x["seqlens"], tensor_cores=tc)
+        if "table" in x:
+            runs[f"{name} (paged, {PAGE_SIZE})"] = lambda tc=tc: decode_split.decode(
+                x["q"], x["k_pages"], x["v_pages"], x["seqlens"], block_table=x["table"], tensor_cores=tc)
     return runs
 
 

@@ -7,11 +7,43 @@ from __future__ import annotations
 
 import math
 
-from ._core import MAX_GRID_YZ, check_alignment, check_array, check_index_range, cp, current_device
+import numpy as np
+
+from ._core import _HAS_C_CONTIGUOUS, MAX_GRID_YZ, check_alignment, check_array, check_index_range, cp, current_device
 
 PAGE_SIZES = (16, 32, 64, 128, 256)  # page sizes of a paged cache (powers of two)
 ALIGN = 16  # bytes: every decoding kernel reads 16-byte vectors
 INT32_MAX = 2**31 - 1
+
+
+_ndarray = cp.ndarray if cp is not None else None
+_INT32 = np.dtype(np.int32)
+
+
+def decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev: int):
+    """(shapes of q, k_cache, v_cache, seqlens_k and block_table (None), dtype, dev) when the arrays pass the checks
+    that belong to the arrays rather than to their shapes: CuPy ndarrays, C-contiguous, on device `dev`, q, k_cache and
+    v_cache of one dtype and 16-byte aligned, seqlens_k and block_table int32. Otherwise None.
+
+    validate_decode's conclusions hold for every call with the same key, so a launcher can validate a problem once
+    and keep its launches under this key (kernels/decode_split.py). A call whose arrays fail this quick test takes
+    the full validation, which raises the precise error."""
+    nd = _ndarray
+    if not (_HAS_C_CONTIGUOUS and type(q) is nd and type(k_cache) is nd and type(v_cache) is nd
+            and type(seqlens_k) is nd and (block_table is None or type(block_table) is nd)):
+        return None
+    qd, kd, vd = q.data, k_cache.data, v_cache.data
+    dtype = q.dtype
+    if not (q._c_contiguous and k_cache._c_contiguous and v_cache._c_contiguous and seqlens_k._c_contiguous
+            and k_cache.dtype is dtype and v_cache.dtype is dtype and seqlens_k.dtype == _INT32
+            and qd.device_id == dev and kd.device_id == dev and vd.device_id == dev
+            and seqlens_k.data.device_id == dev and not (qd.ptr % ALIGN or kd.ptr % ALIGN or vd.ptr % ALIGN)):
+        return None
+    if block_table is None:
+        return q.shape, k_cache.shape, v_cache.shape, seqlens_k.shape, None, dtype, dev
+    if not (block_table._c_contiguous and block_table.dtype == _INT32 and block_table.data.device_id == dev):
+        return None
+    return q.shape, k_cache.shape, v_cache.shape, seqlens_k.shape, block_table.shape, dtype, dev
 
 
 def decode_scale(scale, d) -> float:

@@ -13,7 +13,9 @@
 //   this file      the keys of each sequence are cut into num_splits ranges; one block per (range, KV head,
 //                  sequence) computes a partial o and lse with an online softmax (nothing sized by L), and
 //                  decode_combine merges the partials by log-sum-exp. One block serves all G * Tq query rows of
-//                  its KV head, so each byte of K and V is read from memory once, not G times.
+//                  its KV head, so each byte of K and V is read from memory once, not G times. Two kernels do a
+//                  block's work: decode_split_kv on CUDA cores (below: the readable one) and decode_split_mma on
+//                  tensor cores (further down: the fast one, the launcher's default), same grid, same partials.
 //
 // Algorithm of decode_split_kv: one block = NWARPS warps, KT keys per step
 //   Lane layout: TPK = D / 8 lanes share one key (each holds one 16-byte chunk, 8 elements, of it); a warp holds
@@ -49,12 +51,15 @@
 //   decode_split_kv: grid = (S * RC, Hkv, B) with RC = ceil(G * Tq / RB) row chunks, blockIdx.x = split * RC + rc
 //                    (the RC blocks that read the same keys run side by side, so repeats come from L2);
 //                    block = NWARPS * 32 threads; static shared memory NWARPS * RB * (D + 2) floats.
+//   decode_split_mma: the same grid with RB = MMA_ROWS = 16 and KT = NWARPS * MMA_KEYS; block = NWARPS * 32;
+//                    dynamic shared memory NWARPS * MMA_STAGES * 2 * MMA_KEYS * D * 2 bytes (96 KB at D = 128).
 //   decode_combine:  grid = ceil(B * Hq * Tq / COMBINE_WARPS), block = COMBINE_WARPS * 32; only when S > 1.
 //   Split s of sequence b covers keys [s * c, min((s + 1) * c, L_b)) with c = ceil(ceil(L_b / S) / KT) * KT, so
 //   the ranges follow each sequence's own length; trailing ranges may be empty (they write o = 0, lse = -inf).
 //
 // Limits (checked by the launcher before launch)
-//   D in {64, 128}; RB in {1, 2, 4, 8} rows in registers; G * Tq rows per KV head (beyond RB: RC row chunks);
+//   D in {64, 128}; RB in {1, 2, 4, 8} rows in registers (16 in decode_split_mma); G * Tq rows per KV head (beyond
+//   RB: RC row chunks); compute capability 8.0 or newer (cp.async, ldmatrix, bf16 mma, __reduce_or_sync);
 //   q, k, v 16-byte aligned. Indices are never trusted: a length outside [0, capacity] is clamped into it
 //   (capacity = Tmax, or max_pages * P); a page index outside [0, num_pages) is never dereferenced: the keys of that
 //   page are skipped (masked out). So no input can make this kernel read or write out of bounds.
@@ -62,12 +67,18 @@
 // Numerics
 //   16-bit inputs converted to float32; dot products, softmax and accumulation in float32; exp2 on the special
 //   function unit (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q; partials stay float32;
-//   o is rounded to 16 bits once, at the end.
+//   o is rounded to 16 bits once, at the end. decode_split_mma: q . k on tensor cores from the 16-bit inputs with
+//   float32 accumulation, the scale applied to the float32 scores; p is rounded to 16 bits for the p V mma (as in
+//   FlashAttention-2), while l sums the float32 p.
 //
 // What comes next
-//   Each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: at G * Tq >= 8 rows the
-//   kernel turns compute-bound before it reaches the memory roofline. Tensor cores (mma.sync with the rows as M)
-//   remove that; so does storing the cache in 8 bits, which halves the bytes to read.
+//   In decode_split_kv each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: its
+//   arithmetic grows with G * Tq while the bytes do not, and at 4 rows it stays near 80% of the read bandwidth;
+//   decode_split_mma's does not grow (16 rows cost what 1 costs) and it reaches the read bandwidth on large caches. What is left: the combine is a second launch (a last-block
+//   merge inside the split kernel, or programmatic dependent launch, would hide its start); with one split the grid
+//   is B * Hkv blocks, which leaves SMs idle when that is a little under a multiple of the SM count (an even cut of
+//   all key tiles over the SMs, as stream-K does for GEMMs, would not); and storing the cache in 8 bits halves the
+//   bytes to read.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -159,6 +170,47 @@ DEVICE void split_range(int L, int num_splits, int split, int& begin, int& end) 
     const long long b0 = (long long)split * chunk;
     begin = (int)min(b0, (long long)L);
     end = (int)min(b0 + chunk, (long long)L);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The end of decode_split_mma: merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write (the
+// same merge as the end of decode_split_kv, written out there so that the kernel reads top to bottom).
+// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o. The caller has
+// synchronised the block after writing them. Thread x handles column x % D of row x / D (and so on, NTHREADS apart).
+// num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32 partial o and lse.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int RB, int NWARPS, bool BF16>
+DEVICE void store_block_result(const float* s_m, const float* s_l, const float* s_acc, int rc, int R, int G, int Tq,
+                               int b, int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
+                               float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part) {
+    const bool direct = o_part == nullptr;
+    for (int idx = threadIdx.x; idx < RB * D; idx += NWARPS * WARP_SIZE) {
+        const int r = idx / D, e = idx % D;
+        const int gr = rc * RB + r;
+        if (gr >= R) break;  // rows come in order: this thread's later indices are past R too
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, s_m[w * RB + r]);
+        const float base = mx == NEG_INF ? 0.f : mx;
+        float lsum = 0.f, val = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float a = exp2_approx(s_m[w * RB + r] - base);
+            lsum = fmaf(a, s_l[w * RB + r], lsum);
+            val = fmaf(a, s_acc[(w * RB + r) * D + e], val);
+        }
+        const float out = lsum > 0.f ? val / lsum : 0.f;
+        const float row_lse = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
+        const long long qrow = ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;  // row of (B, Hq, Tq)
+        if (direct) {
+            o[qrow * D + e] = from_float<BF16>(out);
+            if (lse != nullptr && e == 0) lse[qrow] = row_lse;
+        } else {
+            const long long prow = qrow * num_splits + split;  // row of (B, Hq, Tq, S)
+            o_part[prow * D + e] = out;
+            if (e == 0) lse_part[prow] = row_lse;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -356,6 +408,286 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// The tensor-core split kernel, decode_split_mma: the same grid, split ranges, masks and partials as
+// decode_split_kv, with the arithmetic moved to mma.sync so that the block is limited by loads alone.
+//
+//   Rows: a block serves MMA_ROWS = 16 query rows of its KV head (the M of m16n8k16; rows past G * Tq are zeros
+//   and their results are dropped), so row chunks are ceil(G * Tq / 16).
+//   Keys: each warp streams its own tiles of MMA_KEYS = 16 keys (warp w takes tiles w, w + NWARPS, ... of the
+//   block's range) through MMA_STAGES shared-memory buffers filled with cp.async: a warp waits only for its own
+//   copies, so no block-wide barrier sits in the loop. The 16-byte chunks of a key row are stored XOR-swizzled
+//   (chunk c of row r at position c ^ (r % 8)), so that ldmatrix's eight row addresses hit eight different banks.
+//   Per tile: S = Q K^T is 2 n-tiles x D/16 k-steps of mma (K read by ldmatrix as the col-major B operand), the
+//   mask (past the range, past the row's causal limit, a skipped page), the online softmax on the accumulator
+//   fragments (a row's 16 scores sit in the 4 lanes of a quad), P packed to 16 bits as the A operand, and
+//   O += P V as D/8 mma (V read by ldmatrix.trans). Per warp that is 3 * D / 8 mma per 16 keys: next to the
+//   4 * D bytes the tile brings, the tensor cores are idle most of the time, which is the point.
+//   At the end the warps' (m, l, o) meet in shared memory (the tile buffers, drained first) and
+//   store_block_result merges and writes them, as in decode_split_kv.
+// ---------------------------------------------------------------------------------------------------------
+enum : int {
+    MMA_ROWS = 16,  // query rows per block: the M of the mma
+    MMA_KEYS = 16,  // keys per warp tile: two n-tiles of the scores, one k-step of P V
+};
+#ifndef MMA_STAGES
+#define MMA_STAGES 3
+#endif
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared without a trip through registers; in_range false writes 16 zero bytes, reads nothing.
+DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in_range ? 16 : 0)
+                 : "memory");
+}
+DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>  // wait until at most PENDING of this thread's committed groups are in flight
+DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// Four 8x8 matrices of 16-bit values: lane l gives the address of row l % 8 of matrix l / 8 and gets, of matrix i,
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 in r[i] (.trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1).
+DEVICE void ldsm_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+DEVICE void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// d (16x8 float32) += a (16x16, row-major) * b (16x8, column-major), 16-bit operands. Lane l = 4g + t holds
+// a: rows g, g + 8 x columns 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9 (a[2], a[3]); b: rows 2t, 2t + 1 (b0) and
+// 2t + 8, 2t + 9 (b1) of column g; d: row g (d[0], d[1]) and row g + 8 (d[2], d[3]), columns 2t, 2t + 1.
+template <bool BF16>
+DEVICE void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+template <bool BF16>
+DEVICE u32 pack_two(float lo, float hi) {  // two floats -> two 16-bit values in one register, lo in the low half
+    u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+// Byte offset of 16-byte chunk c of key row r in a swizzled tile of rows of D 16-bit values.
+template <int D>
+DEVICE u32 tile_offset(int r, int c) {
+    return static_cast<u32>((r * (D / CHUNK_ELEMS) + (c ^ (r & 7))) * 16);
+}
+
+// One warp copies keys [key0, key0 + MMA_KEYS) of K and V into its tile buffers (cp.async, not waited for) and
+// returns the bit mask of the keys that exist: below ke and, paged, on a page inside the pool. Missing keys are
+// zero-filled and never read from memory.
+template <int D>
+DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+                        const int* __restrict__ block_table, int b, int hk, int key0, int ke, int Hkv, int cache_rows,
+                        int page_shift, int max_pages, int num_pages, int lane) {
+    constexpr int CPK = D / CHUNK_ELEMS;   // chunks per key
+    constexpr int KPR = WARP_SIZE / CPK;   // keys per warp-wide round of copies
+    u32 ok_bits = 0u;
+#pragma unroll
+    for (int i = 0; i < MMA_KEYS / KPR; ++i) {
+        const int r = i * KPR + lane / CPK, c = lane % CPK;
+        long long row = 0;
+        const bool ok = key0 + r < ke && key_row(row, block_table, b, hk, key0 + r, Hkv, cache_rows, page_shift,
+                                                 max_pages, num_pages);
+        cp_async_16(k_tile + tile_offset<D>(r, c), k_cache + row * D + c * CHUNK_ELEMS, ok);
+        cp_async_16(v_tile + tile_offset<D>(r, c), v_cache + row * D + c * CHUNK_ELEMS, ok);
+        ok_bits |= static_cast<u32>(ok) << r;
+    }
+    return __reduce_or_sync(FULL_MASK, ok_bits);
+}
+
+template <int D, bool BF16>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
+decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+                 const int* __restrict__ seqlens, const int* __restrict__ block_table, u16* __restrict__ o,
+                 float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
+                 int Tq, int cache_rows, int page_shift, int max_pages, int num_pages, int num_splits, int row_chunks,
+                 float scale_log2) {
+    constexpr int NWARPS = DECODE_WARPS;
+    constexpr int KT = NWARPS * MMA_KEYS;  // keys per block step: the split ranges are whole steps
+    constexpr int TILE_BYTES = MMA_KEYS * D * 2;  // one tile of K (or of V)
+    constexpr int KSTEPS = D / 16;  // k-steps of q . k
+    constexpr int NT_O = D / 8;  // n-tiles of o
+    static_assert(D == 64 || D == 128, "D must be 64 or 128");
+    static_assert(MMA_STAGES >= 2, "at least double buffering");
+    static_assert(NWARPS * MMA_STAGES * 2 * TILE_BYTES >= NWARPS * MMA_ROWS * D * 4, "the final exchange reuses the tiles");
+
+    extern __shared__ __align__(128) unsigned char smem[];  // [NWARPS][MMA_STAGES][K, V] tiles; later [NWARPS][16][D] floats
+    __shared__ u32 s_valid[NWARPS][MMA_STAGES];  // which keys of each staged tile exist
+    __shared__ float s_m[NWARPS][MMA_ROWS], s_l[NWARPS][MMA_ROWS];
+
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / 4, t = lane % 4;  // the mma's row group and thread-in-group
+    const int split = blockIdx.x / row_chunks, rc = blockIdx.x % row_chunks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int G = Hq / Hkv, R = G * Tq;
+    const int capacity = block_table == nullptr ? cache_rows : max_pages << page_shift;
+    const int L = min(max(seqlens[b], 0), capacity);
+
+    // q of rows g and g + 8 of this chunk as mma A fragments (zeros for rows past R), and their causal limits.
+    u32 qa[KSTEPS][4];
+    int lim[2];
+    int kmax = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int gr = rc * MMA_ROWS + g + 8 * h;
+        const bool real = gr < R;
+        const int i = real ? gr % Tq : 0, hq = real ? hk * G + gr / Tq : 0;
+        const u32* qrow = reinterpret_cast<const u32*>(q + (((long long)b * Hq + hq) * Tq + i) * D);
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            qa[kk][h] = real ? __ldg(qrow + kk * 8 + t) : 0u;           // columns 16 kk + 2t, + 1
+            qa[kk][h + 2] = real ? __ldg(qrow + kk * 8 + 4 + t) : 0u;   // columns 16 kk + 8 + 2t, + 1
+        }
+        lim[h] = real ? max(L - Tq + 1 + i, 0) : 0;
+    }
+    // kmax over the block's 16 rows: rows past R have lim 0
+    for (int r = 0; r < MMA_ROWS; ++r) {
+        const int gr = rc * MMA_ROWS + r;
+        if (gr < R) kmax = max(kmax, max(L - Tq + 1 + gr % Tq, 0));
+    }
+
+    int kb, ke;
+    split_range<KT>(L, num_splits, split, kb, ke);
+    ke = min(ke, kmax);
+    const int n_tiles = ke > kb ? (ke - kb + MMA_KEYS - 1) / MMA_KEYS : 0;
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + NWARPS - 1) / NWARPS : 0;  // tiles warp, warp + NWARPS, ..
+
+    const u32 tiles = smem_addr(smem) + warp * (MMA_STAGES * 2 * TILE_BYTES);
+    auto k_tile = [&](int stage) { return tiles + stage * 2 * TILE_BYTES; };
+    auto v_tile = [&](int stage) { return tiles + stage * 2 * TILE_BYTES + TILE_BYTES; };
+    auto issue = [&](int n) {  // start copying this warp's n-th tile into stage n % MMA_STAGES; always one group
+        if (n < my_tiles) {
+            const u32 valid = load_kv_tile<D>(k_tile(n % MMA_STAGES), v_tile(n % MMA_STAGES), k_cache, v_cache,
+                                              block_table, b, hk, kb + (warp + n * NWARPS) * MMA_KEYS, ke, Hkv,
+                                              cache_rows, page_shift, max_pages, num_pages, lane);
+            if (lane == 0) s_valid[warp][n % MMA_STAGES] = valid;
+        }
+        cp_async_commit();
+    };
+
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};  // rows g, g + 8; l is this lane's part of the sum
+    float acc[NT_O][4];
+#pragma unroll
+    for (int n = 0; n < NT_O; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+#pragma unroll
+    for (int n = 0; n < MMA_STAGES - 1; ++n) issue(n);
+
+    for (int n = 0; n < my_tiles; ++n) {
+        issue(n + MMA_STAGES - 1);  // the stage it fills was read in iteration n - 1 (the __syncwarp below)
+        cp_async_wait<MMA_STAGES - 1>();  // this lane's copies of tile n have landed ...
+        __syncwarp();  // ... and every lane's
+        const int stage = n % MMA_STAGES;
+        const int key0 = kb + (warp + n * NWARPS) * MMA_KEYS;
+        const u32 valid = s_valid[warp][stage];
+
+        // ---- scores: s[nt] = q K^T for keys key0 + 8 nt .. + 7 -------------------------------------------------
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            u32 kf[4];  // B fragments: n-tile 0 (kf[0], kf[1]) and n-tile 1 (kf[2], kf[3]) of k-step kk
+            const int r = (lane >> 4) * 8 + (lane & 7), c = 2 * kk + ((lane >> 3) & 1);
+            ldsm_x4(kf, k_tile(stage) + tile_offset<D>(r, c));
+            mma16816<BF16>(s[0], qa[kk], kf[0], kf[1]);
+            mma16816<BF16>(s[1], qa[kk], kf[2], kf[3]);
+        }
+
+        // ---- mask and online softmax: a row's 16 scores lie in the 4 lanes of a quad ---------------------------
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kr = nt * 8 + 2 * t + (e & 1), h = e >> 1;
+                const bool see = ((valid >> kr) & 1u) && key0 + kr < lim[h];
+                s[nt][e] = see ? s[nt][e] * scale_log2 : NEG_INF;
+                mx[h] = fmaxf(mx[h], s[nt][e]);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+            const float base = mx[h] == NEG_INF ? 0.f : mx[h];
+            alpha[h] = exp2_approx(m[h] - base);
+            m[h] = mx[h];
+        }
+        u32 pa[4];  // P as the A operand of P V: row g keys 2t.. (pa[0]), row g + 8 (pa[1]), keys 8 + 2t.. (pa[2], pa[3])
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                const float base = m[h] == NEG_INF ? 0.f : m[h];
+                s[nt][e] = exp2_approx(s[nt][e] - base);
+            }
+            l[0] = l[0] * (nt == 0 ? alpha[0] : 1.f) + s[nt][0] + s[nt][1];
+            l[1] = l[1] * (nt == 0 ? alpha[1] : 1.f) + s[nt][2] + s[nt][3];
+            pa[2 * nt] = pack_two<BF16>(s[nt][0], s[nt][1]);
+            pa[2 * nt + 1] = pack_two<BF16>(s[nt][2], s[nt][3]);
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < NT_O; ++n2) {
+            acc[n2][0] *= alpha[0], acc[n2][1] *= alpha[0];
+            acc[n2][2] *= alpha[1], acc[n2][3] *= alpha[1];
+        }
+
+        // ---- o += P V: V's B fragments by ldmatrix.trans, two n-tiles of o per load -------------------------------
+#pragma unroll
+        for (int dn = 0; dn < NT_O / 2; ++dn) {
+            u32 vf[4];
+            const int r = ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * dn + (lane >> 4);
+            ldsm_x4_trans(vf, v_tile(stage) + tile_offset<D>(r, c));
+            mma16816<BF16>(acc[2 * dn], pa, vf[0], vf[1]);
+            mma16816<BF16>(acc[2 * dn + 1], pa, vf[2], vf[3]);
+        }
+        __syncwarp();  // every lane is done with this stage before iteration n + 1 refills it
+    }
+    cp_async_wait<0>();  // the trailing (empty) groups too: the tiles are reused below
+
+    // ---- the warp's (m, l, o) to shared memory, then merge the warps and write ------------------------------------
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+    }
+    __syncthreads();  // every warp has left its tiles
+    float* s_acc = reinterpret_cast<float*>(smem);  // [NWARPS][MMA_ROWS][D]
+#pragma unroll
+    for (int n2 = 0; n2 < NT_O; ++n2)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e >> 1), col = n2 * 8 + 2 * t + (e & 1);
+            s_acc[(warp * MMA_ROWS + row) * D + col] = acc[n2][e];
+        }
+    if (t == 0) {
+        s_m[warp][g] = m[0], s_m[warp][g + 8] = m[1];
+        s_l[warp][g] = l[0], s_l[warp][g + 8] = l[1];
+    }
+    __syncthreads();
+    store_block_result<D, MMA_ROWS, NWARPS, BF16>(&s_m[0][0], &s_l[0][0], s_acc, rc, R, G, Tq, b, Hq, hk, split,
+                                                  num_splits, o, lse, o_part, lse_part);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // The combine: one warp per query row merges its S partials by log-sum-exp. Each lane owns D / 32 columns.
 // ---------------------------------------------------------------------------------------------------------
 template <int D, bool BF16>
@@ -409,6 +741,10 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     template __global__ void decode_split_kv<D, RB, UNROLL, BF16>(                                                \
         const u16*, const u16*, const u16*, const int*, const int*, u16*, float*, float*, float*, int, int, int,  \
         int, int, int, int, int, int, float);
+#define DECODE_MMA_INSTANTIATE(D, BF16)                                                                           \
+    template __global__ void decode_split_mma<D, BF16>(                                                           \
+        const u16*, const u16*, const u16*, const int*, const int*, u16*, float*, float*, float*, int, int, int,  \
+        int, int, int, int, int, int, float);
 #define DECODE_COMBINE_INSTANTIATE(D, BF16)                                                                       \
     template __global__ void decode_combine<D, BF16>(const float*, const float*, u16*, float*, long long, int);
 #define DECODE_SPLIT_ALL_ROWS(D, BF16)                                                                            \
@@ -416,6 +752,7 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     DECODE_SPLIT_INSTANTIATE(D, 2, 8, BF16)                                                                       \
     DECODE_SPLIT_INSTANTIATE(D, 4, 4, BF16)                                                                       \
     DECODE_SPLIT_INSTANTIATE(D, 8, 2, BF16)                                                                       \
+    DECODE_MMA_INSTANTIATE(D, BF16)                                                                               \
     DECODE_COMBINE_INSTANTIATE(D, BF16)
 DECODE_SPLIT_ALL_ROWS(64, false)
 DECODE_SPLIT_ALL_ROWS(64, true)

@@ -9,6 +9,8 @@ The decoding contract (every kernel in DECODE_REGISTRY follows it; reference/dec
     o = decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None,
                return_lse=False, check_indices=False)
 
+(decode_split.decode also takes tensor_cores=True | False: which of the file's two split kernels runs.)
+
     q          (B, Hq, Tq, d) CuPy array, float16 or bfloat16. Tq = 1 is plain decoding; Tq up to MAX_TQ = 8 is a
                speculative or chunked append of Tq tokens, masked bottom-right causal against each sequence's own
                length: query i of sequence b sees key j when j <= i + L_b - Tq. Where L_b < Tq the first rows see
@@ -36,8 +38,18 @@ The decoding contract (every kernel in DECODE_REGISTRY follows it; reference/dec
     ValueError naming the argument, its value and the limit, before anything is launched.
 
 How the work is cut: one block per (split, KV head, sequence) serves all G * Tq query rows of the KV head
-(G = Hq / Hkv), up to ROWS_MAX = 8 rows in registers; more rows take ceil(G * Tq / 8) blocks per KV head and split,
-which read the same keys (the repeats hit L2). With num_splits > 1, decode_combine merges the float32 partials.
+(G = Hq / Hkv). Two kernels do the block's work:
+    decode_split_mma  (tensor_cores=True, the default) mma.sync: 16 rows per block as the M of the mma, K and V
+                      staged through shared memory by cp.async, each warp with its own pipeline of MMA_STAGES tiles.
+    decode_split_kv   (tensor_cores=False) CUDA cores: up to ROWS_MAX = 8 rows in registers, each key's dot
+                      product as FMAs and a butterfly of shuffles; more rows take ceil(G * Tq / 8) blocks per KV head
+                      and split, which read the same keys (the repeats hit L2). The readable one; notebook 08 measures
+                      both (the tensor-core kernel is as fast or faster on every shape it times).
+With num_splits > 1, decode_combine merges the float32 partials (one workspace, allocated per call).
+
+A call validates a problem (shapes, dtype, device, options) the first time it sees it and keeps what its launches
+need (_Prepared); a later call with arrays of the same shapes checks only what can differ between such arrays (CuPy
+arrays, C-contiguous, on this device, dtypes, 16-byte alignment), allocates and launches.
 """
 
 from __future__ import annotations
@@ -47,8 +59,9 @@ import math
 
 import numpy as np
 
-from ._core import MAX_GRID_X, ceil_div, check_compute_capability, check_grid, cp, defines_from, device_info, get_kernel
-from .decode_common import PAGE_SIZES, check_indices_on_gpu, decode_scale, validate_decode
+from ._core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device, defines_from,
+                    device_info, get_kernel, launch_cache)
+from .decode_common import PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, validate_decode
 from .registry import DecodeVariant, register_decode
 
 KERNEL_FILE = "decode_split.cu"
@@ -60,7 +73,8 @@ MAX_SPLITS = 256
 CHUNK_ELEMS = 8  # 16-bit elements per 16-byte load (= CHUNK_ELEMS in decode_split.cu)
 DECODE_WARPS = 4  # warps per block of decode_split_kv
 COMBINE_WARPS = 4  # warps (= query rows) per block of decode_combine
-DEFINES = defines_from(DECODE_WARPS=DECODE_WARPS, COMBINE_WARPS=COMBINE_WARPS)
+MMA_STAGES = 3  # tiles per warp in decode_split_mma's cp.async pipeline
+DEFINES = defines_from(DECODE_WARPS=DECODE_WARPS, COMBINE_WARPS=COMBINE_WARPS, MMA_STAGES=MMA_STAGES)
 LOG2E = 1.0 / math.log(2.0)
 # Query rows held in registers (RB) -> keys per lane per step (UNROLL): fewer rows leave registers for more loads
 # in flight. RB is the smallest of these >= G * Tq, at most 8.
@@ -70,7 +84,16 @@ ROWS_MAX = max(ROW_BUILDS)
 # back in the combine cost about as much as streaming this many keys (see choose_num_splits).
 SPLIT_OVERHEAD_KEYS = 64
 SPLIT_TOLERANCE = 0.1  # take the fewest splits within 10% of the model's best (see choose_num_splits)
+MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel, whose blocks cost less to start (notebook 08)
 DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy cannot be read
+# The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
+MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
+MMA_KEYS = 16  # keys per warp tile
+# One tensor-core block keeps up to NWARPS * MMA_STAGES tiles of K and V in flight (96 KB at d = 128), enough alone
+# to draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and a
+# combine). So the split heuristic counts one slot per SM for this kernel (measured on the H100: notebook 08).
+MMA_HEURISTIC_BLOCKS_PER_SM = 1
+CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage as shared memory (decode_split_mma)
 
 
 def rows_build(rows: int) -> int:
@@ -87,34 +110,52 @@ def name_expression(D: int, RB: int, dtype: str) -> str:
     return f"decode_split_kv<{D}, {RB}, {ROW_BUILDS[RB]}, {'true' if dtype == 'bfloat16' else 'false'}>"
 
 
+def mma_expression(D: int, dtype: str) -> str:
+    return f"decode_split_mma<{D}, {'true' if dtype == 'bfloat16' else 'false'}>"
+
+
+def mma_smem_bytes(D: int) -> int:
+    """Dynamic shared memory of decode_split_mma: each warp's MMA_STAGES tiles of K and V (16-bit values)."""
+    return DECODE_WARPS * MMA_STAGES * 2 * MMA_KEYS * D * 2
+
+
 def combine_expression(D: int, dtype: str) -> str:
     return f"decode_combine<{D}, {'true' if dtype == 'bfloat16' else 'false'}>"
 
 
 # What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses, in one program.
 NVRTC_BUILDS = [(tuple([name_expression(D, RB, dt) for D in HEAD_DIMS for RB in ROW_BUILDS for dt in DTYPES]
+                       + [mma_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]
                        + [combine_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]), DEFINES)]
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(D: int, RB: int, dtype: str):
-    """(split kernel, combine kernel) of one build. The first launch compiles every row build of (D, dtype) and its
-    combine in one NVRTC program (one compile instead of five)."""
-    exprs = tuple(name_expression(D, rb, dtype) for rb in ROW_BUILDS) + (combine_expression(D, dtype),)
-    split = get_kernel(KERNEL_FILE, name_expression(D, RB, dtype), name_expressions=exprs, defines=DEFINES)
+    """(split kernel, combine kernel) of one build; RB = MMA_ROWS is the tensor-core kernel. The first launch compiles
+    every split kernel of (D, dtype) and its combine in one NVRTC program (one compile instead of six)."""
+    exprs = tuple(name_expression(D, rb, dtype) for rb in ROW_BUILDS) + (mma_expression(D, dtype),
+                                                                          combine_expression(D, dtype))
+    if RB == MMA_ROWS:
+        split = get_kernel(KERNEL_FILE, mma_expression(D, dtype), name_expressions=exprs, defines=DEFINES,
+                           shared_mem=mma_smem_bytes(D), carveout=CARVEOUT_MAX_SHARED)
+    else:
+        split = get_kernel(KERNEL_FILE, name_expression(D, RB, dtype), name_expressions=exprs, defines=DEFINES)
     combine = get_kernel(KERNEL_FILE, exprs[-1], name_expressions=exprs, defines=DEFINES)
     return split, combine
 
 
 @functools.lru_cache(maxsize=None)
 def blocks_per_sm(D: int, RB: int, dtype: str, dev: int) -> int:
-    """How many decode_split_kv blocks of this build fit on one SM (registers and static shared memory), read from
-    the compiled kernel once; DEFAULT_BLOCKS_PER_SM where the attributes cannot be read."""
+    """How many split blocks of this build (RB = MMA_ROWS: the tensor-core kernel) fit on one SM (registers, static
+    and dynamic shared memory), read from the compiled kernel once; DEFAULT_BLOCKS_PER_SM where the attributes
+    cannot be read."""
     try:
         attrs = _kernels(D, RB, dtype)[0].raw.attributes
         regs, smem = int(attrs["num_regs"]), int(attrs["shared_size_bytes"])
     except (AttributeError, KeyError, TypeError):  # pragma: no cover - a CuPy without these attributes
         return DEFAULT_BLOCKS_PER_SM
+    if RB == MMA_ROWS:
+        smem += mma_smem_bytes(D)
     regs_per_warp = ceil_div(max(regs, 1) * 32, 256) * 256  # registers are allocated per warp, 256 at a time
     by_regs = 65536 // (regs_per_warp * DECODE_WARPS)
     by_smem = (device_info(dev).smem_optin + 1024) // (smem + 1024)  # the driver keeps 1 KB per block
@@ -149,30 +190,50 @@ def choose_num_splits(blocks: int, n_keys: int, slots: int, *, tile: int, max_sp
 
 
 @functools.lru_cache(maxsize=4096)
-def _heuristic(blocks: int, n_keys: int, sm_count: int, per_sm: int, tile: int) -> int:
-    return choose_num_splits(blocks, n_keys, sm_count * per_sm, tile=tile)
+def _heuristic(blocks: int, n_keys: int, sm_count: int, per_sm: int, tile: int, tolerance: float) -> int:
+    return choose_num_splits(blocks, n_keys, sm_count * per_sm, tile=tile, tolerance=tolerance)
 
 
-def plan(B: int, Hq: int, Tq: int, d: int, Hkv: int, capacity: int, dtype: str, num_splits=None, dev: int = 0):
+def plan(B: int, Hq: int, Tq: int, d: int, Hkv: int, capacity: int, dtype: str, num_splits=None, dev: int = 0,
+         tensor_cores=True):
     """(RB, RC, KT, S): rows per block, row chunks per KV head, keys per step and the number of splits that decode()
-    launches for these sizes (S from the heuristic unless num_splits is given). The notebook and the tests use it."""
+    launches for these sizes (S from the heuristic unless num_splits is given); RB = MMA_ROWS for the tensor-core
+    kernel. The notebook and the tests use it."""
     rows = (Hq // Hkv) * Tq
-    RB = rows_build(rows)
+    if tensor_cores:
+        RB, KT = MMA_ROWS, MMA_KEYS * DECODE_WARPS
+    else:
+        RB = rows_build(rows)
+        KT = keys_per_step(d, RB)
     RC = ceil_div(rows, RB)
-    KT = keys_per_step(d, RB)
     if num_splits is None:
         info = device_info(dev)
-        num_splits = _heuristic(B * Hkv * RC, capacity, info.sm_count, blocks_per_sm(d, RB, dtype, dev), KT)
+        if tensor_cores:
+            per_sm, tolerance = MMA_HEURISTIC_BLOCKS_PER_SM, MMA_SPLIT_TOLERANCE
+        else:
+            per_sm, tolerance = blocks_per_sm(d, RB, dtype, dev), SPLIT_TOLERANCE
+        num_splits = _heuristic(B * Hkv * RC, capacity, info.sm_count, per_sm, KT, tolerance)
     return RB, RC, KT, num_splits
 
 
-def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None, return_lse=False,
-           check_indices=False):
-    """Split-KV decoding attention; the contract is in this module's docstring.
+class _Prepared:
+    """What the launches of one problem need, worked out once (see decode)."""
 
-    num_splits: None picks the split count with choose_num_splits for the cache's capacity (the lengths are on the
-    GPU, so the heuristic assumes full sequences); an int in [1, MAX_SPLITS] forces it.
-    """
+    __slots__ = ("split", "combine", "o_shape", "o_dtype", "lse_shape", "part_elems", "work_elems", "index_check")
+
+    def __init__(self, split, combine, o_shape, o_dtype, lse_shape, part_elems, work_elems, index_check):
+        self.split, self.combine = split, combine  # Launch objects (combine None with one split)
+        self.o_shape, self.o_dtype, self.lse_shape = o_shape, o_dtype, lse_shape
+        self.part_elems, self.work_elems = part_elems, work_elems  # floats of o_part, of o_part + lse_part
+        self.index_check = index_check  # (capacity, page rows, num_pages) for check_indices
+
+
+_CALLS = launch_cache()  # (decode_key, scale, num_splits, tensor_cores) -> _Prepared
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, tensor_cores) -> _Prepared:
+    """Validate one problem (raising the error that names what is wrong) and prepare its launches."""
     B, Hq, Tq, d, Hkv, cache_rows, max_pages, num_pages, capacity, dev = validate_decode(
         q, k_cache, v_cache, seqlens_k, block_table, dtypes=DTYPES, head_dims=HEAD_DIMS, max_tq=MAX_TQ, what=WHAT,
         page_sizes=PAGE_SIZES)
@@ -182,41 +243,90 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
                 or not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be None or an int in [1, {MAX_SPLITS}]; got {num_splits!r}")
         num_splits = int(num_splits)
-    info = device_info(dev)
-    if info.cc < (8, 0):
+    if tensor_cores is not True and tensor_cores is not False:
+        raise ValueError(f"tensor_cores must be True or False; got {tensor_cores!r}")
+    if device_info(dev).cc < (8, 0):
         check_compute_capability((8, 0), WHAT, dev)
-    if check_indices:
-        check_indices_on_gpu(seqlens_k, block_table, capacity, cache_rows, num_pages)
     dtype = q.dtype.name
-    RB, RC, KT, S = plan(B, Hq, Tq, d, Hkv, capacity, dtype, num_splits, dev)
+    RB, RC, KT, S = plan(B, Hq, Tq, d, Hkv, capacity, dtype, num_splits, dev, tensor_cores)
     split_kernel, combine_kernel = _kernels(d, RB, dtype)
     check_grid(S * RC, WHAT, MAX_GRID_X)
-    o = cp.empty((B, Hq, Tq, d), dtype=q.dtype)
-    lse = cp.empty((B, Hq, Tq), dtype=cp.float32) if return_lse else None
-    null = np.uintp(0)
     paged = block_table is not None
     page_shift = cache_rows.bit_length() - 1 if paged else 0
     sizes = (np.int32(Hq), np.int32(Hkv), np.int32(Tq), np.int32(cache_rows), np.int32(page_shift),
              np.int32(max_pages), np.int32(num_pages), np.int32(S), np.int32(RC), np.float32(scale * LOG2E))
-    tables = (seqlens_k, block_table if paged else null)
-    if S == 1:  # one split: the split kernel writes o and lse itself
-        split_kernel((RC, Hkv, B), (DECODE_WARPS * 32,),
-                     (q, k_cache, v_cache, *tables, o, null if lse is None else lse, null, null, *sizes))
+    smem = mma_smem_bytes(d) if RB == MMA_ROWS else 0
+    n_rows = B * Hq * Tq
+    # split kernel: q, k, v, seqlens, block_table, o, lse, o_part, lse_part, then the sizes
+    split = Launch(split_kernel, (S * RC, Hkv, B), (DECODE_WARPS * 32,), smem, 9, sizes, dev)
+    combine = None
+    if S > 1:
+        blocks = check_grid(ceil_div(n_rows, COMBINE_WARPS), WHAT + " combine", MAX_GRID_X)
+        combine = Launch(combine_kernel, (blocks,), (COMBINE_WARPS * 32,), 0, 4, (np.int64(n_rows), np.int32(S)), dev)
+    part = n_rows * S * d
+    return _Prepared(split, combine, (B, Hq, Tq, d), q.dtype, (B, Hq, Tq), part, part + n_rows * S,
+                     (capacity, cache_rows, num_pages))
+
+
+def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None, return_lse=False,
+           check_indices=False, tensor_cores=True):
+    """Split-KV decoding attention; the contract is in this module's docstring.
+
+    num_splits: None picks the split count with choose_num_splits for the cache's capacity (the lengths are on the
+    GPU, so the heuristic assumes full sequences); an int in [1, MAX_SPLITS] forces it.
+    tensor_cores: True (default) the tensor-core kernel decode_split_mma, False the CUDA-core kernel decode_split_kv.
+    """
+    dev = current_device()
+    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev)
+    entry = None
+    if key is not None and type(num_splits) is not bool and type(tensor_cores) is bool:  # True == 1 as a key
+        key = (key, scale, num_splits, tensor_cores)
+        try:
+            entry = _CALLS.get(key)
+        except TypeError:  # an unhashable option: prepared (and refused) below
+            key = None
     else:
-        o_part = cp.empty((B, Hq, Tq, S, d), dtype=cp.float32)
-        lse_part = cp.empty((B, Hq, Tq, S), dtype=cp.float32)
-        split_kernel((S * RC, Hkv, B), (DECODE_WARPS * 32,),
-                     (q, k_cache, v_cache, *tables, null, null, o_part, lse_part, *sizes))
-        n_rows = B * Hq * Tq
-        combine_kernel((check_grid(ceil_div(n_rows, COMBINE_WARPS), WHAT + " combine", MAX_GRID_X),),
-                       (COMBINE_WARPS * 32,),
-                       (o_part, lse_part, o, null if lse is None else lse, np.int64(n_rows), np.int32(S)))
+        key = None
+    if entry is None:
+        entry = _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, tensor_cores)
+        if key is not None:
+            if len(_CALLS) >= 1024:
+                _CALLS.clear()
+            _CALLS[key] = entry
+    if check_indices:
+        capacity, page_rows, num_pages = entry.index_check
+        check_indices_on_gpu(seqlens_k, block_table, capacity, page_rows, num_pages)
+    o = cp.ndarray(entry.o_shape, entry.o_dtype)
+    lse = cp.ndarray(entry.lse_shape, _FLOAT32) if return_lse else None
+    o_ptr, lse_ptr = o.data.ptr, 0 if lse is None else lse.data.ptr
+    table_ptr = 0 if block_table is None else block_table.data.ptr
+    stream = cp.cuda.get_current_stream().ptr
+    if entry.combine is None:  # one split: the split kernel writes o and lse itself
+        entry.split(stream, q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr, table_ptr, o_ptr,
+                    lse_ptr, 0, 0)
+    else:  # one workspace for the float32 partials: o_part (B, Hq, Tq, S, d), then lse_part (B, Hq, Tq, S)
+        work = cp.ndarray((entry.work_elems,), _FLOAT32)
+        part_ptr = work.data.ptr
+        lse_part_ptr = part_ptr + 4 * entry.part_elems
+        entry.split(stream, q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr, table_ptr, 0, 0,
+                    part_ptr, lse_part_ptr)
+        entry.combine(stream, part_ptr, lse_part_ptr, o_ptr, lse_ptr)
     return (o, lse) if return_lse else o
+
+
+def decode_cuda_cores(q, k_cache, v_cache, seqlens_k, **options):
+    """decode with the CUDA-core kernel decode_split_kv (tensor_cores=False)."""
+    return decode(q, k_cache, v_cache, seqlens_k, tensor_cores=False, **options)
+
+
+def decode_tensor_cores(q, k_cache, v_cache, seqlens_k, **options):
+    """decode with the tensor-core kernel decode_split_mma (tensor_cores=True)."""
+    return decode(q, k_cache, v_cache, seqlens_k, tensor_cores=True, **options)
 
 
 register_decode(DecodeVariant(
     name="decode_split",
-    decode=decode,
+    decode=decode_cuda_cores,
     dtypes=DTYPES,
     notebook="08_decoding_kv_cache",
     head_dims=HEAD_DIMS,
@@ -227,4 +337,19 @@ register_decode(DecodeVariant(
     module=__name__,
     description="split-KV flash-decoding: a block per (split, KV head, sequence) serving all G*Tq query rows, "
                 "16-byte loads with 2*UNROLL in flight per lane, online softmax in float32, LSE combine; paged",
+))
+
+register_decode(DecodeVariant(
+    name="decode_split_mma",
+    decode=decode_tensor_cores,
+    dtypes=DTYPES,
+    notebook="08_decoding_kv_cache",
+    head_dims=HEAD_DIMS,
+    max_tq=MAX_TQ,
+    paged=True,
+    page_sizes=PAGE_SIZES,
+    splits=True,
+    module=__name__,
+    description="split-KV flash-decoding on tensor cores: 16 query rows of a KV head as the M of mma.sync, each warp "
+                "streaming its own 16-key tiles through a 3-stage cp.async pipeline, P in 16 bits, LSE combine; paged",
 ))

@@ -120,11 +120,15 @@ def test_without_lse(gpu, poison, name):
     assert kernels.check(o, ro, var.tolerance_class(dtype)).ok
 
 
+SPLIT_KERNELS = ["decode_split", "decode_split_mma"]  # the CUDA-core and the tensor-core kernel of decode_split.cu
+
+
+@pytest.mark.parametrize("name", SPLIT_KERNELS)
 @pytest.mark.parametrize("splits", [1, 2, 7, 33, None])
 @pytest.mark.parametrize("page", [None, 64])
-def test_split_counts_agree(gpu, poison, splits, page):
-    """decode_split at every split count, paged or not, bf16, d = 128, a GQA group of 4 with Tq = 2."""
-    var = kernels.DECODE_REGISTRY["decode_split"]
+def test_split_counts_agree(gpu, poison, splits, page, name):
+    """Both split kernels at every split count, paged or not, bf16, d = 128, a GQA group of 4 with Tq = 2."""
+    var = kernels.DECODE_REGISTRY[name]
     dev, host = make_problem(gpu, 3, 8, 2, 2, 128, [1, 700, 3000], 3000, "bfloat16", page_size=page, seed=5)
     o, lse = _run(var, dev, num_splits=splits)
     _check(o, lse, host, "bfloat16", var)
@@ -133,11 +137,65 @@ def test_split_counts_agree(gpu, poison, splits, page):
 def test_split_heuristic_plan(gpu):
     """What decode() launches at batch 1 fills the GPU; at a large batch it does not split."""
     info = kernels.device_info()
-    RB, RC, KT, S = decode_split.plan(1, 32, 1, 128, 8, 32768, "float16")
+    RB, RC, KT, S = decode_split.plan(1, 32, 1, 128, 8, 32768, "float16", tensor_cores=False)
     assert (RB, RC) == (4, 1) and 1 < S <= decode_split.MAX_SPLITS
     assert 8 * S >= info.sm_count  # at least one block per SM
-    *_, S_big = decode_split.plan(256, 32, 1, 128, 32, 2048, "float16")
-    assert S_big == 1
+    for tc in (False, True):
+        *_, S_big = decode_split.plan(256, 32, 1, 128, 32, 2048, "float16", tensor_cores=tc)
+        assert S_big == 1
+    RB, RC, KT, S = decode_split.plan(1, 32, 1, 128, 8, 32768, "float16")  # the default: tensor cores
+    assert (RB, RC, KT) == (16, 1, 64) and 1 < S <= decode_split.MAX_SPLITS
+    assert 8 * S >= 0.9 * info.sm_count  # one block per SM, within the model's 10% tolerance
+    assert decode_split.blocks_per_sm(128, 16, "float16", info.id) >= 1
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_prepared_calls_still_check_their_arrays(gpu, poison, tensor_cores):
+    """decode_split prepares a problem on its first call. A later call with arrays of the same shapes still gets every
+    check that belongs to the arrays (type, dtype, layout, alignment, device), check_indices still works, and new
+    arrays with alternating options give the reference's result."""
+    decode, kw = decode_split.decode, {"tensor_cores": tensor_cores}
+    for page in (None, 16):
+        dev, host = make_problem(gpu, 3, 8, 2, 2, 64, [0, 17, 64], 64, "float16", page_size=page, seed=12)
+        q, k, v, s, t = dev
+        for splits, lse_too in ((None, True), (3, False), (None, False), (3, True)):
+            out = decode(q, k, v, s, block_table=t, num_splits=splits, return_lse=lse_too, **kw)
+            o, lse = out if lse_too else (out, None)
+            ro, rl = R.decode_attention(*host[:4], block_table=host[4])
+            assert kernels.check(o, ro, "float16").ok
+            if lse_too:
+                assert kernels.check(lse, rl, "float16").ok
+        with pytest.raises(ValueError, match=r"k_cache must be C-contiguous"):
+            decode(q, gpu.concatenate([k, k], axis=2)[:, :, ::2], v, s, block_table=t, **kw)
+        flat = gpu.empty(q.size + 1, dtype=q.dtype)
+        shifted = flat[1:].reshape(q.shape)
+        shifted[...] = q
+        with pytest.raises(ValueError, match=r"q starts at address .* not 16-byte aligned"):
+            decode(shifted, k, v, s, block_table=t, **kw)
+        with pytest.raises(TypeError, match=r"seqlens_k has dtype int64"):
+            decode(q, k, v, s.astype(gpu.int64), block_table=t, **kw)
+        with pytest.raises(TypeError, match=r"v_cache has dtype|must share one dtype"):
+            decode(q, k, v.astype(gpu.float32), s, block_table=t, **kw)
+        with pytest.raises(TypeError, match=r"q must be a cupy\.ndarray"):
+            decode(q.get(), k, v, s, block_table=t, **kw)
+        with pytest.raises(ValueError, match=r"num_splits must be None or an int in \[1, 256\]; got True"):
+            decode(q, k, v, s, block_table=t, num_splits=True, **kw)
+        with pytest.raises(ValueError, match=r"scale must be a finite number; got nan"):
+            decode(q, k, v, s, block_table=t, scale=float("nan"), **kw)
+        bad = gpu.asarray(np.array([0, 17, 65], np.int32))
+        with pytest.raises(ValueError, match=r"seqlens_k must lie in \[0, 64\]"):
+            decode(q, k, v, bad, block_table=t, check_indices=True, **kw)
+        if t is not None:
+            with pytest.raises(TypeError, match=r"block_table has dtype int64"):
+                decode(q, k, v, s, block_table=t.astype(gpu.int64), **kw)
+        # new arrays of the same shapes: the prepared launch reads the arrays it is given
+        q2, k2, v2 = (gpu.asarray(gpu.random.standard_normal(x.shape).astype(x.dtype)) for x in (q, k, v))
+        host2 = [x.get().astype(np.float64) for x in (q2, k2, v2)] + host[3:]
+        o, lse = decode(q2, k2, v2, s, block_table=t, return_lse=True, **kw)
+        ro, rl = R.decode_attention(*host2[:4], block_table=host2[4])
+        assert kernels.check(o, ro, "float16").ok and kernels.check(lse, rl, "float16").ok
+    with pytest.raises(ValueError, match=r"tensor_cores must be True or False; got 'yes'"):
+        decode(q, k, v, s, block_table=t, tensor_cores="yes")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -171,10 +229,11 @@ def test_out_of_range_lengths_are_clamped(gpu, poison, name):
         var.decode(*dev[:4], check_indices=True)
 
 
+@pytest.mark.parametrize("name", SPLIT_KERNELS)
 @pytest.mark.parametrize("page", [16, 256])
-def test_out_of_range_pages_are_skipped(gpu, poison, page):
+def test_out_of_range_pages_are_skipped(gpu, poison, page, name):
     """With check_indices off, a used page index outside [0, num_pages) is never dereferenced: its keys are skipped."""
-    var = kernels.DECODE_REGISTRY["decode_split"]
+    var = kernels.DECODE_REGISTRY[name]
     dev, host = make_problem(gpu, 4, 8, 2, 1, 128, [40, 3 * page, 2 * page + 1, 20], 4 * page, "float16",
                              page_size=page, seed=8, unused_entry=-7)
     table, n_pages = host[4].copy(), dev[1].shape[0]
@@ -196,9 +255,10 @@ def test_out_of_range_pages_are_skipped(gpu, poison, page):
         var.decode(*dev[:4], block_table=dev[4], check_indices=True)
 
 
-def test_check_indices_accepts_good_input(gpu, poison):
+@pytest.mark.parametrize("name", SPLIT_KERNELS)
+def test_check_indices_accepts_good_input(gpu, poison, name):
     """Unused block-table entries may hold anything (here -1): check_indices looks only at the pages in use."""
-    var = kernels.DECODE_REGISTRY["decode_split"]
+    var = kernels.DECODE_REGISTRY[name]
     dev, host = make_problem(gpu, 3, 4, 4, 1, 64, [0, 17, 64], 64, "float16", page_size=16, seed=9)
     assert (host[4] == -1).any()
     o, lse = var.decode(*dev[:4], block_table=dev[4], return_lse=True, check_indices=True)
@@ -270,8 +330,9 @@ def test_shape_errors(gpu, name):
         var.decode(q, k, v, s, scale=float("nan"))
 
 
-def test_paged_errors(gpu):
-    var = kernels.DECODE_REGISTRY["decode_split"]
+@pytest.mark.parametrize("name", SPLIT_KERNELS)
+def test_paged_errors(gpu, name):
+    var = kernels.DECODE_REGISTRY[name]
     cp = gpu
     q, k, v, s, t = _good(cp, var, paged=True)
     with pytest.raises(TypeError, match=r"block_table has dtype int64; this kernel takes int32"):

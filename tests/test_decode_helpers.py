@@ -10,9 +10,9 @@ from kernels.decode_split import choose_num_splits
 
 
 def test_decoding_variants_are_registered_by_their_modules():
-    assert set(kernels.DECODE_REGISTRY) == {"decode_ft", "decode_split"}
+    assert set(kernels.DECODE_REGISTRY) == {"decode_ft", "decode_split", "decode_split_mma"}
     for var in kernels.DECODE_REGISTRY.values():
-        assert var.module == f"kernels.{var.name}" and var.notebook == "08_decoding_kv_cache"
+        assert var.module == f"kernels.{var.name.removesuffix('_mma')}" and var.notebook == "08_decoding_kv_cache"
         assert var.dtypes and var.head_dims and var.max_tq >= 4
     assert kernels.DECODE_REGISTRY["decode_split"].paged and kernels.DECODE_REGISTRY["decode_split"].splits
     assert not kernels.DECODE_REGISTRY["decode_ft"].paged
@@ -74,6 +74,19 @@ def test_row_builds_and_steps():
         for rb in decode_split.ROW_BUILDS:
             for dt in decode_split.DTYPES:
                 assert decode_split.name_expression(D, rb, dt) in exprs
+            assert decode_split.mma_expression(D, dt) in exprs
+
+
+def test_tensor_core_plan():
+    """The tensor-core kernel's plan: 16 rows per block (row chunks of 16), 16 keys per warp tile (the default); the
+    CUDA-core kernel's; the tensor-core kernel's shared memory (each warp's K and V tiles, all stages)."""
+    S = 3  # given, so that the plan needs no GPU
+    assert decode_split.plan(2, 32, 1, 128, 8, 4096, "float16", num_splits=S, tensor_cores=True) == (16, 1, 64, S)
+    assert decode_split.plan(2, 16, 4, 64, 2, 4096, "bfloat16", num_splits=S, tensor_cores=True) == (16, 2, 64, S)
+    assert decode_split.plan(2, 32, 1, 128, 8, 4096, "float16", num_splits=S, tensor_cores=False) == (4, 1, 32, S)
+    assert decode_split.plan(2, 32, 1, 128, 32, 4096, "float16", num_splits=S) == (16, 1, 64, S)
+    assert decode_split.plan(2, 32, 1, 128, 32, 4096, "float16", num_splits=S, tensor_cores=False) == (1, 1, 64, S)
+    assert decode_split.mma_smem_bytes(128) == 4 * 3 * 2 * 16 * 128 * 2 == 96 * 1024
 
 
 def test_ft_helpers():
