@@ -43,8 +43,8 @@ How the work is cut: one block per (split, KV head, sequence) serves all G * Tq 
                       staged through shared memory by cp.async, each warp with its own pipeline of MMA_STAGES tiles.
     decode_split_kv   (tensor_cores=False) CUDA cores: up to ROWS_MAX = 8 rows in registers, each key's dot
                       product as FMAs and a butterfly of shuffles; more rows take ceil(G * Tq / 8) blocks per KV head
-                      and split, which read the same keys (the repeats hit L2). The readable one; notebook 08 measures
-                      both (the tensor-core kernel is as fast or faster on every shape it times).
+                      and split, which read the same keys (the repeats hit L2). The readable one, which notebook 08
+                      walks through; kernels.bench_decode times both.
 With num_splits > 1, decode_combine merges the float32 partials (one workspace, allocated per call).
 
 A call validates a problem (shapes, dtype, device, options) the first time it sees it and keeps what its launches
@@ -84,14 +84,16 @@ ROWS_MAX = max(ROW_BUILDS)
 # back in the combine cost about as much as streaming this many keys (see choose_num_splits).
 SPLIT_OVERHEAD_KEYS = 64
 SPLIT_TOLERANCE = 0.1  # take the fewest splits within 10% of the model's best (see choose_num_splits)
-MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel, whose blocks cost less to start (notebook 08)
+MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel (on the H100 at B=1, Hkv=8, L=32768, 16 splits
+#                             were 3% faster than the 15 that 10% allows)
 DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy cannot be read
 # The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
 MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
 MMA_KEYS = 16  # keys per warp tile
 # One tensor-core block keeps up to NWARPS * MMA_STAGES tiles of K and V in flight (96 KB at d = 128), enough alone
 # to draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and a
-# combine). So the split heuristic counts one slot per SM for this kernel (measured on the H100: notebook 08).
+# combine). So the split heuristic counts one slot per SM for this kernel. On the H100 the counts this gives were the
+# fastest of those timed (S/2, S - 1, S + 1, 2S) on each of kernels.bench_decode's shapes.
 MMA_HEURISTIC_BLOCKS_PER_SM = 1
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage as shared memory (decode_split_mma)
 
