@@ -74,11 +74,11 @@
 // What comes next
 //   In decode_split_kv each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: its
 //   arithmetic grows with G * Tq while the bytes do not, and at 4 rows it stays near 80% of the read bandwidth;
-//   decode_split_mma's does not grow (16 rows cost what 1 costs) and it reaches the read bandwidth on large caches. What is left: the combine is a second launch (a last-block
-//   merge inside the split kernel, or programmatic dependent launch, would hide its start); with one split the grid
-//   is B * Hkv blocks, which leaves SMs idle when that is a little under a multiple of the SM count (an even cut of
-//   all key tiles over the SMs, as stream-K does for GEMMs, would not); and storing the cache in 8 bits halves the
-//   bytes to read.
+//   decode_split_mma's does not grow (16 rows cost what 1 costs) and it reaches the read bandwidth on large caches.
+//   What is left: the combine is a second launch (a last-block merge inside the split kernel, or programmatic
+//   dependent launch, would hide its start); with one split the grid is B * Hkv blocks, which leaves SMs idle when
+//   that is a little under a multiple of the SM count (an even cut of all key tiles over the SMs, as stream-K does
+//   for GEMMs, would not); and storing the cache in 8 bits halves the bytes to read.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -170,47 +170,6 @@ DEVICE void split_range(int L, int num_splits, int split, int& begin, int& end) 
     const long long b0 = (long long)split * chunk;
     begin = (int)min(b0, (long long)L);
     end = (int)min(b0 + chunk, (long long)L);
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The end of decode_split_mma: merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write (the
-// same merge as the end of decode_split_kv, written out there so that the kernel reads top to bottom).
-// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o. The caller has
-// synchronised the block after writing them. Thread x handles column x % D of row x / D (and so on, NTHREADS apart).
-// num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32 partial o and lse.
-// ---------------------------------------------------------------------------------------------------------
-template <int D, int RB, int NWARPS, bool BF16>
-DEVICE void store_block_result(const float* s_m, const float* s_l, const float* s_acc, int rc, int R, int G, int Tq,
-                               int b, int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
-                               float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part) {
-    const bool direct = o_part == nullptr;
-    for (int idx = threadIdx.x; idx < RB * D; idx += NWARPS * WARP_SIZE) {
-        const int r = idx / D, e = idx % D;
-        const int gr = rc * RB + r;
-        if (gr >= R) break;  // rows come in order: this thread's later indices are past R too
-        float mx = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, s_m[w * RB + r]);
-        const float base = mx == NEG_INF ? 0.f : mx;
-        float lsum = 0.f, val = 0.f;
-#pragma unroll
-        for (int w = 0; w < NWARPS; ++w) {
-            const float a = exp2_approx(s_m[w * RB + r] - base);
-            lsum = fmaf(a, s_l[w * RB + r], lsum);
-            val = fmaf(a, s_acc[(w * RB + r) * D + e], val);
-        }
-        const float out = lsum > 0.f ? val / lsum : 0.f;
-        const float row_lse = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
-        const long long qrow = ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;  // row of (B, Hq, Tq)
-        if (direct) {
-            o[qrow * D + e] = from_float<BF16>(out);
-            if (lse != nullptr && e == 0) lse[qrow] = row_lse;
-        } else {
-            const long long prow = qrow * num_splits + split;  // row of (B, Hq, Tq, S)
-            o_part[prow * D + e] = out;
-            if (e == 0) lse_part[prow] = row_lse;
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -513,6 +472,47 @@ DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache,
     return __reduce_or_sync(FULL_MASK, ok_bits);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The end of decode_split_mma: merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write (the
+// same merge as the end of decode_split_kv, written out there so that the kernel reads top to bottom).
+// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o. The caller has
+// synchronised the block after writing them. Thread x handles column x % D of row x / D (and so on, NTHREADS apart).
+// num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32 partial o and lse.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int RB, int NWARPS, bool BF16>
+DEVICE void store_block_result(const float* s_m, const float* s_l, const float* s_acc, int rc, int R, int G, int Tq,
+                               int b, int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
+                               float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part) {
+    const bool direct = o_part == nullptr;
+    for (int idx = threadIdx.x; idx < RB * D; idx += NWARPS * WARP_SIZE) {
+        const int r = idx / D, e = idx % D;
+        const int gr = rc * RB + r;
+        if (gr >= R) break;  // rows come in order: this thread's later indices are past R too
+        float mx = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, s_m[w * RB + r]);
+        const float base = mx == NEG_INF ? 0.f : mx;
+        float lsum = 0.f, val = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float a = exp2_approx(s_m[w * RB + r] - base);
+            lsum = fmaf(a, s_l[w * RB + r], lsum);
+            val = fmaf(a, s_acc[(w * RB + r) * D + e], val);
+        }
+        const float out = lsum > 0.f ? val / lsum : 0.f;
+        const float row_lse = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
+        const long long qrow = ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;  // row of (B, Hq, Tq)
+        if (direct) {
+            o[qrow * D + e] = from_float<BF16>(out);
+            if (lse != nullptr && e == 0) lse[qrow] = row_lse;
+        } else {
+            const long long prow = qrow * num_splits + split;  // row of (B, Hq, Tq, S)
+            o_part[prow * D + e] = out;
+            if (e == 0) lse_part[prow] = row_lse;
+        }
+    }
+}
+
 template <int D, bool BF16>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
 decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
@@ -527,9 +527,11 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     constexpr int NT_O = D / 8;  // n-tiles of o
     static_assert(D == 64 || D == 128, "D must be 64 or 128");
     static_assert(MMA_STAGES >= 2, "at least double buffering");
-    static_assert(NWARPS * MMA_STAGES * 2 * TILE_BYTES >= NWARPS * MMA_ROWS * D * 4, "the final exchange reuses the tiles");
+    static_assert(NWARPS * MMA_STAGES * 2 * TILE_BYTES >= NWARPS * MMA_ROWS * D * 4,
+                  "the final exchange reuses the tiles");
 
-    extern __shared__ __align__(128) unsigned char smem[];  // [NWARPS][MMA_STAGES][K, V] tiles; later [NWARPS][16][D] floats
+    // [NWARPS][MMA_STAGES][K, V] tiles of 16-bit values; after the loop, [NWARPS][MMA_ROWS][D] floats
+    extern __shared__ __align__(128) unsigned char smem[];
     __shared__ u32 s_valid[NWARPS][MMA_STAGES];  // which keys of each staged tile exist
     __shared__ float s_m[NWARPS][MMA_ROWS], s_l[NWARPS][MMA_ROWS];
 
@@ -630,7 +632,8 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
             alpha[h] = exp2_approx(m[h] - base);
             m[h] = mx[h];
         }
-        u32 pa[4];  // P as the A operand of P V: row g keys 2t.. (pa[0]), row g + 8 (pa[1]), keys 8 + 2t.. (pa[2], pa[3])
+        // P as the A operand of P V: row g keys 2t, 2t + 1 (pa[0]), row g + 8 (pa[1]); keys 8 + 2t.. (pa[2], pa[3])
+        u32 pa[4];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll

@@ -59,8 +59,8 @@ import math
 
 import numpy as np
 
-from ._core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device, defines_from,
-                    device_info, get_kernel, launch_cache)
+from ._core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device,
+                    defines_from, device_info, get_kernel, launch_cache)
 from .decode_common import PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, validate_decode
 from .registry import DecodeVariant, register_decode
 
@@ -326,32 +326,15 @@ def decode_tensor_cores(q, k_cache, v_cache, seqlens_k, **options):
     return decode(q, k_cache, v_cache, seqlens_k, tensor_cores=True, **options)
 
 
-register_decode(DecodeVariant(
-    name="decode_split",
-    decode=decode_cuda_cores,
-    dtypes=DTYPES,
-    notebook="08_decoding_kv_cache",
-    head_dims=HEAD_DIMS,
-    max_tq=MAX_TQ,
-    paged=True,
-    page_sizes=PAGE_SIZES,
-    splits=True,
-    module=__name__,
-    description="split-KV flash-decoding: a block per (split, KV head, sequence) serving all G*Tq query rows, "
-                "16-byte loads with 2*UNROLL in flight per lane, online softmax in float32, LSE combine; paged",
-))
-
-register_decode(DecodeVariant(
-    name="decode_split_mma",
-    decode=decode_tensor_cores,
-    dtypes=DTYPES,
-    notebook="08_decoding_kv_cache",
-    head_dims=HEAD_DIMS,
-    max_tq=MAX_TQ,
-    paged=True,
-    page_sizes=PAGE_SIZES,
-    splits=True,
-    module=__name__,
-    description="split-KV flash-decoding on tensor cores: 16 query rows of a KV head as the M of mma.sync, each warp "
-                "streaming its own 16-key tiles through a 3-stage cp.async pipeline, P in 16 bits, LSE combine; paged",
-))
+# Both split kernels are registered, so that the decoding test grid (tests/test_decode_gpu.py) covers each of them.
+for _name, _decode, _description in (
+        ("decode_split", decode_cuda_cores,
+         "split-KV flash-decoding: a block per (split, KV head, sequence) serving all G*Tq query rows, 16-byte loads "
+         "with 2*UNROLL in flight per lane, online softmax in float32, LSE combine; paged"),
+        ("decode_split_mma", decode_tensor_cores,
+         "split-KV flash-decoding on tensor cores: 16 query rows of a KV head as the M of mma.sync, each warp "
+         "streaming its own 16-key tiles through a 3-stage cp.async pipeline, P in 16 bits, LSE combine; paged")):
+    register_decode(DecodeVariant(name=_name, decode=_decode, dtypes=DTYPES, notebook="08_decoding_kv_cache",
+                                  head_dims=HEAD_DIMS, max_tq=MAX_TQ, paged=True, page_sizes=PAGE_SIZES, splits=True,
+                                  module=__name__, description=_description))
+del _name, _decode, _description
