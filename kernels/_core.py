@@ -416,7 +416,7 @@ class Launch:
     the parameters before it returns; the lock keeps two threads from packing into the buffer at once.
     """
 
-    __slots__ = ("grid", "block", "smem", "fn_ptr", "ptr_fmt", "buf", "params", "params_ptr", "lock")
+    __slots__ = ("grid", "block", "smem", "fn_ptr", "n_ptrs", "ptr_fmt", "buf", "params", "params_ptr", "lock")
 
     def __init__(self, kernel: "Kernel", grid: tuple, block: tuple, smem: int, n_ptrs: int, tail: tuple, dev: int):
         codes = [_PTR] * n_ptrs
@@ -429,6 +429,7 @@ class Launch:
         self.block = tuple(block) + (1,) * (3 - len(block))
         self.smem = int(smem)
         self.fn_ptr = kernel.function(dev).ptr
+        self.n_ptrs = n_ptrs
         self.ptr_fmt = "@" + _PTR * n_ptrs
         self.buf = ctypes.create_string_buffer(max(struct.calcsize(fmt), 8))
         struct.pack_into(fmt, self.buf, 0, *((0,) * n_ptrs + tuple(tail)))

@@ -39,8 +39,9 @@ import math
 
 import numpy as np
 
-from ._core import MAX_GRID_X, check_compute_capability, check_grid, cp, defines_from, device_info, get_kernel
-from .decode_common import check_indices_on_gpu, decode_scale, validate_decode
+from ._core import (MAX_GRID_X, Launch, check_compute_capability, check_grid, cp, current_device, defines_from,
+                    device_info, get_kernel, launch_cache)
+from .decode_common import check_indices_on_gpu, decode_key, decode_scale, validate_decode
 from .registry import DecodeVariant, register_decode
 
 KERNEL_FILE = "decode_ft.cu"
@@ -107,21 +108,24 @@ def to_ft_layout(k_cache):
     return cp.ascontiguousarray(k_cache.reshape(B, H, T, d // X, X).transpose(0, 1, 3, 2, 4))
 
 
-def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None, return_lse=False,
-           check_indices=False, threads_per_key=None):
-    """FasterTransformer-style decoding attention; the contract is in this module's docstring."""
+_CALLS = launch_cache()  # (decode_key, scale, num_splits, threads_per_key) -> (Launch, o shape, o dtype, lse shape, capacity)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, threads_per_key):
+    """Validate one problem (raising the error that names what is wrong) and prepare its launch."""
     dtype = getattr(q, "dtype", None)
     X = chunk_elems(dtype) if dtype is not None and dtype.name in DTYPES else None  # else check_array says why
     B, Hq, Tq, d, Hkv, Tmax, _, _, capacity, dev = validate_decode(
         q, k_cache, v_cache, seqlens_k, block_table, dtypes=DTYPES, head_dims=HEAD_DIMS, max_tq=MAX_TQ, what=WHAT,
         paged_ok=False, k_chunk=X)
     ft_layout = k_cache.ndim == 5
-    if num_splits not in (None, 1):
+    if num_splits not in (None, 1) or isinstance(num_splits, bool):
         raise ValueError(f"{WHAT} does not split a sequence across blocks: num_splits must be None or 1; "
                          f"got {num_splits!r} (decode_split does)")
     scale = decode_scale(scale, d)
     tpk = DEFAULT_TPK if threads_per_key is None else threads_per_key
-    if tpk not in tpk_choices(d, q.dtype):
+    if isinstance(tpk, bool) or tpk not in tpk_choices(d, q.dtype):
         raise ValueError(f"threads_per_key={tpk!r} must be one of {tpk_choices(d, q.dtype)} for d={d}, {q.dtype}")
     info = device_info(dev)
     if info.cc < (8, 0):
@@ -131,16 +135,44 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
     if smem > smem_limit:
         raise ValueError(f"{WHAT} keeps one float logit per key of the cache in shared memory: Tmax={Tmax} needs "
                          f"{smem} bytes; this GPU allows Tmax <= {smem_limit // 4} (decode_split has no such limit)")
-    if check_indices:
-        check_indices_on_gpu(seqlens_k, None, capacity, 1, 0)
     kernel = _kernel(d, q.dtype.name, int(tpk), ft_layout, smem_limit)
     blocks = check_grid(B * Hq * Tq, WHAT, MAX_GRID_X)
-    o = cp.empty((B, Hq, Tq, d), dtype=q.dtype)
-    lse = cp.empty((B, Hq, Tq), dtype=cp.float32) if return_lse else None
-    kernel((blocks,), (THREADS,),
-           (q, k_cache, v_cache, seqlens_k, o, np.uintp(0) if lse is None else lse, np.int32(Hq), np.int32(Hkv),
-            np.int32(Tq), np.int32(Tmax), np.float32(scale * LOG2E)),
-           smem)
+    # q, k, v, seqlens, o, lse, then the sizes
+    launch = Launch(kernel, (blocks,), (THREADS,), smem, 6,
+                    (np.int32(Hq), np.int32(Hkv), np.int32(Tq), np.int32(Tmax), np.float32(scale * LOG2E)), dev)
+    return launch, (B, Hq, Tq, d), q.dtype, (B, Hq, Tq), capacity
+
+
+def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None, return_lse=False,
+           check_indices=False, threads_per_key=None):
+    """FasterTransformer-style decoding attention; the contract is in this module's docstring.
+
+    The first call of a problem validates it and prepares its launch; later calls with arrays of the same shapes
+    check only what can differ between such arrays (decode_common.decode_key), allocate and launch."""
+    dev = current_device()
+    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev)
+    entry = None
+    if key is not None and type(num_splits) is not bool and type(threads_per_key) is not bool:
+        key = (key, scale, num_splits, threads_per_key)
+        try:
+            entry = _CALLS.get(key)
+        except TypeError:  # an unhashable option: prepared (and refused) below
+            key = None
+    else:
+        key = None
+    if entry is None:
+        entry = _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, threads_per_key)
+        if key is not None:
+            if len(_CALLS) >= 1024:
+                _CALLS.clear()
+            _CALLS[key] = entry
+    launch, o_shape, o_dtype, lse_shape, capacity = entry
+    if check_indices:
+        check_indices_on_gpu(seqlens_k, None, capacity, 1, 0)
+    o = cp.ndarray(o_shape, o_dtype)
+    lse = cp.ndarray(lse_shape, _FLOAT32) if return_lse else None
+    launch(cp.cuda.get_current_stream().ptr, q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr,
+           o.data.ptr, 0 if lse is None else lse.data.ptr)
     return (o, lse) if return_lse else o
 
 

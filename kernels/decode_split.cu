@@ -15,7 +15,8 @@
 //                  decode_combine merges the partials by log-sum-exp. One block serves all G * Tq query rows of
 //                  its KV head, so each byte of K and V is read from memory once, not G times. Two kernels do a
 //                  block's work: decode_split_kv on CUDA cores (below: the readable one) and decode_split_mma on
-//                  tensor cores (further down: the fast one, the launcher's default), same grid, same partials.
+//                  tensor cores (further down: the fast one, the launcher's default), same grid, same partials;
+//                  decode_split_mma merges its partials itself, in the last block of each group to finish.
 //
 // Algorithm of decode_split_kv: one block = NWARPS warps, KT keys per step
 //   Lane layout: TPK = D / 8 lanes share one key (each holds one 16-byte chunk, 8 elements, of it); a warp holds
@@ -52,15 +53,20 @@
 //                    (the RC blocks that read the same keys run side by side, so repeats come from L2);
 //                    block = NWARPS * 32 threads; static shared memory NWARPS * RB * (D + 2) floats.
 //   decode_split_mma: the same grid with RB = MMA_ROWS = 16 and KT = NWARPS * MMA_KEYS; block = NWARPS * 32;
-//                    dynamic shared memory NWARPS * MMA_STAGES * 2 * MMA_KEYS * D * 2 bytes (96 KB at D = 128).
-//   decode_combine:  grid = ceil(B * Hq * Tq / COMBINE_WARPS), block = COMBINE_WARPS * 32; only when S > 1.
+//                    dynamic shared memory NWARPS * MMA_STAGES * 2 * MMA_KEYS * D * 2 bytes (64 KB at D = 128).
+//                    With S > 1 and an `arrivals` array (B * Hkv * RC unsigned ints, zero before the first launch;
+//                    the kernel leaves them zero), the last block of each (sequence, KV head, row chunk) to finish
+//                    merges the S partials itself (merge_chunk_partials): one launch per call, no decode_combine.
+//   decode_combine:  grid = ceil(B * Hq * Tq / COMBINE_WARPS), block = COMBINE_WARPS * 32; after decode_split_kv
+//                    when S > 1 (or after decode_split_mma launched with arrivals = NULL).
 //   Split s of sequence b covers keys [s * c, min((s + 1) * c, L_b)) with c = ceil(ceil(L_b / S) / KT) * KT, so
 //   the ranges follow each sequence's own length; trailing ranges may be empty (they write o = 0, lse = -inf).
 //
 // Limits (checked by the launcher before launch)
 //   D in {64, 128}; RB in {1, 2, 4, 8} rows in registers (16 in decode_split_mma); G * Tq rows per KV head (beyond
 //   RB: RC row chunks); compute capability 8.0 or newer (cp.async, ldmatrix, bf16 mma, __reduce_or_sync);
-//   q, k, v 16-byte aligned. Indices are never trusted: a length outside [0, capacity] is clamped into it
+//   q, k, v 16-byte aligned; num_splits <= MMA_MAX_SPLITS = 256 for decode_split_mma's own merge (its shared
+//   memory scratch). Indices are never trusted: a length outside [0, capacity] is clamped into it
 //   (capacity = Tmax, or max_pages * P); a page index outside [0, num_pages) is never dereferenced: the keys of that
 //   page are skipped (masked out). So no input can make this kernel read or write out of bounds.
 //
@@ -75,8 +81,8 @@
 //   In decode_split_kv each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: its
 //   arithmetic grows with G * Tq while the bytes do not, and at 4 rows it stays near 80% of the read bandwidth;
 //   decode_split_mma's does not grow (16 rows cost what 1 costs) and it reaches the read bandwidth on large caches.
-//   What is left: the combine is a second launch (a last-block merge inside the split kernel, or programmatic
-//   dependent launch, would hide its start); with one split the grid is B * Hkv blocks, which leaves SMs idle when
+//   decode_split_mma merges its own partials (the last block of a group), which saves the combine's launch at
+//   batch 1. What is left: with one split the grid is B * Hkv blocks, which leaves SMs idle when
 //   that is a little under a multiple of the SM count (an even cut of all key tiles over the SMs, as stream-K does
 //   for GEMMs, would not); and storing the cache in 8 bits halves the bytes to read.
 
@@ -385,11 +391,12 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
 //   store_block_result merges and writes them, as in decode_split_kv.
 // ---------------------------------------------------------------------------------------------------------
 enum : int {
-    MMA_ROWS = 16,  // query rows per block: the M of the mma
-    MMA_KEYS = 16,  // keys per warp tile: two n-tiles of the scores, one k-step of P V
+    MMA_ROWS = 16,          // query rows per block: the M of the mma
+    MMA_KEYS = 16,          // keys per warp tile: two n-tiles of the scores, one k-step of P V
+    MMA_MAX_SPLITS = 256,   // the most splits the merge inside decode_split_mma has shared memory for
 };
 #ifndef MMA_STAGES
-#define MMA_STAGES 3
+#define MMA_STAGES 2
 #endif
 
 DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
@@ -513,13 +520,74 @@ DEVICE void store_block_result(const float* s_m, const float* s_l, const float* 
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The combine inside decode_split_mma (num_splits > 1): the block that arrives last for its (sequence, KV head, row
+// chunk) merges the S partials of the chunk's rows, so no second kernel is launched. The same merge as
+// decode_combine (lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s), laid out for one block and a few
+// rows: (1) the rows' S lse values into shared memory in one round of loads, (2) one warp per row turns them into
+// weights, (3) each thread sums S float4 of o_part for its (row, 4 columns), the S loads independent of each other.
+// The partials were written by other blocks: they are read through L2 (ld.global.cg), never from this SM's L1.
+// s_w: scratch of MMA_ROWS * num_splits + MMA_ROWS floats (the drained tile buffers).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int NTHREADS, bool BF16>
+DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                 u16* __restrict__ o, float* __restrict__ lse, int rc, int R, int G, int Tq, int b,
+                                 int Hq, int hk, int S) {
+    const int nr = min(MMA_ROWS, R - rc * MMA_ROWS);  // rows of this chunk
+    float* s_lse = s_w + MMA_ROWS * S;                 // [MMA_ROWS] merged lse
+    auto qrow = [&](int r) {                            // row of (B, Hq, Tq) of the chunk's row r
+        const int gr = rc * MMA_ROWS + r;
+        return ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;
+    };
+    for (int idx = threadIdx.x; idx < nr * S; idx += NTHREADS)
+        s_w[idx] = __ldcg(lse_part + qrow(idx / S) * S + idx % S);
+    __syncthreads();
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    for (int r = warp; r < nr; r += NTHREADS / WARP_SIZE) {
+        float* w = s_w + r * S;
+        float mx = NEG_INF;
+        for (int s = lane; s < S; s += WARP_SIZE) mx = fmaxf(mx, w[s]);
+#pragma unroll
+        for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
+        const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
+        float wsum = 0.f;
+        for (int s = lane; s < S; s += WARP_SIZE) wsum += exp2_approx((w[s] - base) * LOG2E);
+#pragma unroll
+        for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
+        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+        __syncwarp();  // every lane has read w before any lane overwrites it
+        for (int s = lane; s < S; s += WARP_SIZE) w[s] = exp2_approx((w[s] - base) * LOG2E) * inv;
+        if (lane == 0) s_lse[r] = wsum > 0.f ? base + __logf(wsum) : NEG_INF;
+    }
+    __syncthreads();
+    constexpr int C4 = D / 4;  // float4 columns per row
+    for (int idx = threadIdx.x; idx < nr * C4; idx += NTHREADS) {
+        const int r = idx / C4, c = idx % C4;
+        const long long row = qrow(r);
+        const float4* op = reinterpret_cast<const float4*>(o_part + row * S * D) + c;
+        const float* w = s_w + r * S;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < S; ++s) {
+            const float4 x = __ldcg(op + (long long)s * C4);
+            acc.x = fmaf(w[s], x.x, acc.x), acc.y = fmaf(w[s], x.y, acc.y);
+            acc.z = fmaf(w[s], x.z, acc.z), acc.w = fmaf(w[s], x.w, acc.w);
+        }
+        uint2 packed;  // four 16-bit values, one 8-byte store
+        packed.x = static_cast<u32>(from_float<BF16>(acc.x)) | static_cast<u32>(from_float<BF16>(acc.y)) << 16;
+        packed.y = static_cast<u32>(from_float<BF16>(acc.z)) | static_cast<u32>(from_float<BF16>(acc.w)) << 16;
+        *reinterpret_cast<uint2*>(o + row * D + 4 * c) = packed;
+        if (lse != nullptr && c == 0) lse[row] = s_lse[r];
+    }
+}
+
 template <int D, bool BF16>
 __global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
 decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
                  const int* __restrict__ seqlens, const int* __restrict__ block_table, u16* __restrict__ o,
-                 float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
-                 int Tq, int cache_rows, int page_shift, int max_pages, int num_pages, int num_splits, int row_chunks,
-                 float scale_log2) {
+                 float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
+                 unsigned int* __restrict__ arrivals, int Hq, int Hkv, int Tq, int cache_rows, int page_shift,
+                 int max_pages, int num_pages, int num_splits, int row_chunks, float scale_log2) {
     constexpr int NWARPS = DECODE_WARPS;
     constexpr int KT = NWARPS * MMA_KEYS;  // keys per block step: the split ranges are whole steps
     constexpr int TILE_BYTES = MMA_KEYS * D * 2;  // one tile of K (or of V)
@@ -529,6 +597,8 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     static_assert(MMA_STAGES >= 2, "at least double buffering");
     static_assert(NWARPS * MMA_STAGES * 2 * TILE_BYTES >= NWARPS * MMA_ROWS * D * 4,
                   "the final exchange reuses the tiles");
+    static_assert(NWARPS * MMA_STAGES * 2 * TILE_BYTES >= MMA_ROWS * (MMA_MAX_SPLITS + 1) * 4,
+                  "the merge of the partials reuses the tiles");
 
     // [NWARPS][MMA_STAGES][K, V] tiles of 16-bit values; after the loop, [NWARPS][MMA_ROWS][D] floats
     extern __shared__ __align__(128) unsigned char smem[];
@@ -688,6 +758,24 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     __syncthreads();
     store_block_result<D, MMA_ROWS, NWARPS, BF16>(&s_m[0][0], &s_l[0][0], s_acc, rc, R, G, Tq, b, Hq, hk, split,
                                                   num_splits, o, lse, o_part, lse_part);
+    if (o_part == nullptr || arrivals == nullptr) return;  // one split, or the caller runs decode_combine
+
+    // ---- the last of the S blocks of this (sequence, KV head, row chunk) to finish merges their partials ---------
+    __shared__ int s_last;
+    __threadfence();  // this thread's partial stores reach the whole GPU before the arrival below is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* count = arrivals + ((long long)b * Hkv + hk) * row_chunks + rc;
+        s_last = atomicAdd(count, 1u) == static_cast<unsigned int>(num_splits) - 1u;
+        if (s_last) {
+            *count = 0u;  // every block of the group has arrived: zero again for the next launch
+            __threadfence();  // the other blocks' partials, made visible before their arrivals, are read after this
+        }
+    }
+    __syncthreads();
+    if (s_last)
+        merge_chunk_partials<D, NWARPS * WARP_SIZE, BF16>(reinterpret_cast<float*>(smem), o_part, lse_part, o, lse,
+                                                          rc, R, G, Tq, b, Hq, hk, num_splits);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -746,8 +834,8 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
         int, int, int, int, int, int, float);
 #define DECODE_MMA_INSTANTIATE(D, BF16)                                                                           \
     template __global__ void decode_split_mma<D, BF16>(                                                           \
-        const u16*, const u16*, const u16*, const int*, const int*, u16*, float*, float*, float*, int, int, int,  \
-        int, int, int, int, int, int, float);
+        const u16*, const u16*, const u16*, const int*, const int*, u16*, float*, float*, float*, unsigned int*,  \
+        int, int, int, int, int, int, int, int, int, float);
 #define DECODE_COMBINE_INSTANTIATE(D, BF16)                                                                       \
     template __global__ void decode_combine<D, BF16>(const float*, const float*, u16*, float*, long long, int);
 #define DECODE_SPLIT_ALL_ROWS(D, BF16)                                                                            \

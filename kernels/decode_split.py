@@ -45,7 +45,10 @@ How the work is cut: one block per (split, KV head, sequence) serves all G * Tq 
                       product as FMAs and a butterfly of shuffles; more rows take ceil(G * Tq / 8) blocks per KV head
                       and split, which read the same keys (the repeats hit L2). The readable one, which notebook 08
                       walks through; kernels.bench_decode times both.
-With num_splits > 1, decode_combine merges the float32 partials (one workspace, allocated per call).
+With num_splits > 1 the blocks write float32 partials (one workspace, allocated per call) that are merged by
+log-sum-exp: decode_split_mma merges them itself (the last block of each group to finish; it counts arrivals in a
+small array of zeros kept per stream, which each launch leaves zero again), decode_split_kv by a second kernel,
+decode_combine.
 
 A call validates a problem (shapes, dtype, device, options) the first time it sees it and keeps what its launches
 need (_Prepared); a later call with arrays of the same shapes checks only what can differ between such arrays (CuPy
@@ -73,7 +76,7 @@ MAX_SPLITS = 256
 CHUNK_ELEMS = 8  # 16-bit elements per 16-byte load (= CHUNK_ELEMS in decode_split.cu)
 DECODE_WARPS = 4  # warps per block of decode_split_kv
 COMBINE_WARPS = 4  # warps (= query rows) per block of decode_combine
-MMA_STAGES = 3  # tiles per warp in decode_split_mma's cp.async pipeline
+MMA_STAGES = 2  # tiles per warp in decode_split_mma's cp.async pipeline (3 were 0-1.5% slower on the H100)
 DEFINES = defines_from(DECODE_WARPS=DECODE_WARPS, COMBINE_WARPS=COMBINE_WARPS, MMA_STAGES=MMA_STAGES)
 LOG2E = 1.0 / math.log(2.0)
 # Query rows held in registers (RB) -> keys per lane per step (UNROLL): fewer rows leave registers for more loads
@@ -90,10 +93,10 @@ DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy c
 # The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
 MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
 MMA_KEYS = 16  # keys per warp tile
-# One tensor-core block keeps up to NWARPS * MMA_STAGES tiles of K and V in flight (96 KB at d = 128), enough alone
-# to draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and a
-# combine). So the split heuristic counts one slot per SM for this kernel. On the H100 the counts this gives were the
-# fastest of those timed (S/2, S - 1, S + 1, 2S) on each of kernels.bench_decode's shapes.
+# One tensor-core block streams K and V through NWARPS * MMA_STAGES tile buffers (64 KB at d = 128), enough alone to
+# draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and their
+# merge). So the split heuristic counts one slot per SM for this kernel. On the H100 the counts this gives were within
+# 1% of the fastest of those timed (S/2, S - 1, S + 1, 2S) on each of kernels.bench_decode's shapes.
 MMA_HEURISTIC_BLOCKS_PER_SM = 1
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage as shared memory (decode_split_mma)
 
@@ -221,13 +224,17 @@ def plan(B: int, Hq: int, Tq: int, d: int, Hkv: int, capacity: int, dtype: str, 
 class _Prepared:
     """What the launches of one problem need, worked out once (see decode)."""
 
-    __slots__ = ("split", "combine", "o_shape", "o_dtype", "lse_shape", "part_elems", "work_elems", "index_check")
+    __slots__ = ("split", "combine", "o_shape", "o_dtype", "lse_shape", "part_elems", "work_elems", "index_check",
+                 "n_groups", "arrivals", "no_partials")
 
-    def __init__(self, split, combine, o_shape, o_dtype, lse_shape, part_elems, work_elems, index_check):
-        self.split, self.combine = split, combine  # Launch objects (combine None with one split)
+    def __init__(self, split, combine, o_shape, o_dtype, lse_shape, part_elems, work_elems, index_check, n_groups):
+        self.split, self.combine = split, combine  # Launch objects (combine None with one split or a merging split)
         self.o_shape, self.o_dtype, self.lse_shape = o_shape, o_dtype, lse_shape
         self.part_elems, self.work_elems = part_elems, work_elems  # floats of o_part, of o_part + lse_part
         self.index_check = index_check  # (capacity, page rows, num_pages) for check_indices
+        self.n_groups = n_groups  # decode_split_mma with S > 1: B * Hkv * RC arrival counters; else 0
+        self.arrivals = {}  # stream pointer -> its counters (zeros between launches; one stream's launches queue)
+        self.no_partials = (0,) * (split.n_ptrs - 7)  # the null pointers after o, lse when S = 1
 
 
 _CALLS = launch_cache()  # (decode_key, scale, num_splits, tensor_cores) -> _Prepared
@@ -259,15 +266,16 @@ def _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, ten
              np.int32(max_pages), np.int32(num_pages), np.int32(S), np.int32(RC), np.float32(scale * LOG2E))
     smem = mma_smem_bytes(d) if RB == MMA_ROWS else 0
     n_rows = B * Hq * Tq
-    # split kernel: q, k, v, seqlens, block_table, o, lse, o_part, lse_part, then the sizes
-    split = Launch(split_kernel, (S * RC, Hkv, B), (DECODE_WARPS * 32,), smem, 9, sizes, dev)
+    # split kernel: q, k, v, seqlens, block_table, o, lse, o_part, lse_part (decode_split_mma: arrivals), the sizes
+    mma = RB == MMA_ROWS
+    split = Launch(split_kernel, (S * RC, Hkv, B), (DECODE_WARPS * 32,), smem, 10 if mma else 9, sizes, dev)
     combine = None
-    if S > 1:
+    if S > 1 and not mma:
         blocks = check_grid(ceil_div(n_rows, COMBINE_WARPS), WHAT + " combine", MAX_GRID_X)
         combine = Launch(combine_kernel, (blocks,), (COMBINE_WARPS * 32,), 0, 4, (np.int64(n_rows), np.int32(S)), dev)
     part = n_rows * S * d
     return _Prepared(split, combine, (B, Hq, Tq, d), q.dtype, (B, Hq, Tq), part, part + n_rows * S,
-                     (capacity, cache_rows, num_pages))
+                     (capacity, cache_rows, num_pages), B * Hkv * RC if mma and S > 1 else 0)
 
 
 def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None, return_lse=False,
@@ -303,15 +311,20 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
     o_ptr, lse_ptr = o.data.ptr, 0 if lse is None else lse.data.ptr
     table_ptr = 0 if block_table is None else block_table.data.ptr
     stream = cp.cuda.get_current_stream().ptr
-    if entry.combine is None:  # one split: the split kernel writes o and lse itself
-        entry.split(stream, q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr, table_ptr, o_ptr,
-                    lse_ptr, 0, 0)
+    ptrs = (q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr, table_ptr, o_ptr, lse_ptr)
+    if entry.n_groups:  # tensor cores, S > 1: partials in a workspace, merged inside the kernel
+        arrivals = entry.arrivals.get(stream)
+        if arrivals is None:  # zeroed on this stream, so before the launch below
+            arrivals = entry.arrivals[stream] = cp.zeros((entry.n_groups,), np.uint32)
+        work = cp.ndarray((entry.work_elems,), _FLOAT32)
+        entry.split(stream, *ptrs, work.data.ptr, work.data.ptr + 4 * entry.part_elems, arrivals.data.ptr)
+    elif entry.combine is None:  # one split: the split kernel writes o and lse itself
+        entry.split(stream, *ptrs, *entry.no_partials)
     else:  # one workspace for the float32 partials: o_part (B, Hq, Tq, S, d), then lse_part (B, Hq, Tq, S)
         work = cp.ndarray((entry.work_elems,), _FLOAT32)
         part_ptr = work.data.ptr
         lse_part_ptr = part_ptr + 4 * entry.part_elems
-        entry.split(stream, q.data.ptr, k_cache.data.ptr, v_cache.data.ptr, seqlens_k.data.ptr, table_ptr, 0, 0,
-                    part_ptr, lse_part_ptr)
+        entry.split(stream, *ptrs[:5], 0, 0, part_ptr, lse_part_ptr)
         entry.combine(stream, part_ptr, lse_part_ptr, o_ptr, lse_ptr)
     return (o, lse) if return_lse else o
 
@@ -333,7 +346,8 @@ for _name, _decode, _description in (
          "with 2*UNROLL in flight per lane, online softmax in float32, LSE combine; paged"),
         ("decode_split_mma", decode_tensor_cores,
          "split-KV flash-decoding on tensor cores: 16 query rows of a KV head as the M of mma.sync, each warp "
-         "streaming its own 16-key tiles through a 3-stage cp.async pipeline, P in 16 bits, LSE combine; paged")):
+         "streaming its own 16-key tiles through a 2-stage cp.async pipeline, P in 16 bits, the LSE merge done by "
+         "the last block of each group; paged")):
     register_decode(DecodeVariant(name=_name, decode=_decode, dtypes=DTYPES, notebook="08_decoding_kv_cache",
                                   head_dims=HEAD_DIMS, max_tq=MAX_TQ, paged=True, page_sizes=PAGE_SIZES, splits=True,
                                   module=__name__, description=_description))

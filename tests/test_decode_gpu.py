@@ -124,10 +124,11 @@ SPLIT_KERNELS = ["decode_split", "decode_split_mma"]  # the CUDA-core and the te
 
 
 @pytest.mark.parametrize("name", SPLIT_KERNELS)
-@pytest.mark.parametrize("splits", [1, 2, 7, 33, None])
+@pytest.mark.parametrize("splits", [1, 2, 7, 33, None, 256])
 @pytest.mark.parametrize("page", [None, 64])
 def test_split_counts_agree(gpu, poison, splits, page, name):
-    """Both split kernels at every split count, paged or not, bf16, d = 128, a GQA group of 4 with Tq = 2."""
+    """Both split kernels at every split count (256: the most, where the tensor-core kernel's own merge fills its
+    scratch), paged or not, bf16, d = 128, a GQA group of 4 with Tq = 2."""
     var = kernels.DECODE_REGISTRY[name]
     dev, host = make_problem(gpu, 3, 8, 2, 2, 128, [1, 700, 3000], 3000, "bfloat16", page_size=page, seed=5)
     o, lse = _run(var, dev, num_splits=splits)
@@ -149,16 +150,20 @@ def test_split_heuristic_plan(gpu):
     assert decode_split.blocks_per_sm(128, 16, "float16", info.id) >= 1
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True])
-def test_prepared_calls_still_check_their_arrays(gpu, poison, tensor_cores):
-    """decode_split prepares a problem on its first call. A later call with arrays of the same shapes still gets every
-    check that belongs to the arrays (type, dtype, layout, alignment, device), check_indices still works, and new
-    arrays with alternating options give the reference's result."""
-    decode, kw = decode_split.decode, {"tensor_cores": tensor_cores}
-    for page in (None, 16):
+@pytest.mark.parametrize("launcher", ["decode_split_kv", "decode_split_mma", "decode_ft"])
+def test_prepared_calls_still_check_their_arrays(gpu, poison, launcher):
+    """decode_split and decode_ft prepare a problem on its first call. A later call with arrays of the same shapes
+    still gets every check that belongs to the arrays (type, dtype, layout, alignment, device), check_indices still
+    works, and new arrays with alternating options give the reference's result."""
+    if launcher == "decode_ft":
+        decode, kw, pages, splits_forced = decode_ft.decode, {}, (None,), 1
+    else:
+        decode, kw, pages, splits_forced = decode_split.decode, {"tensor_cores": launcher == "decode_split_mma"}, \
+            (None, 16), 3
+    for page in pages:
         dev, host = make_problem(gpu, 3, 8, 2, 2, 64, [0, 17, 64], 64, "float16", page_size=page, seed=12)
         q, k, v, s, t = dev
-        for splits, lse_too in ((None, True), (3, False), (None, False), (3, True)):
+        for splits, lse_too in ((None, True), (splits_forced, False), (None, False), (splits_forced, True)):
             out = decode(q, k, v, s, block_table=t, num_splits=splits, return_lse=lse_too, **kw)
             o, lse = out if lse_too else (out, None)
             ro, rl = R.decode_attention(*host[:4], block_table=host[4])
@@ -178,7 +183,7 @@ def test_prepared_calls_still_check_their_arrays(gpu, poison, tensor_cores):
             decode(q, k, v.astype(gpu.float32), s, block_table=t, **kw)
         with pytest.raises(TypeError, match=r"q must be a cupy\.ndarray"):
             decode(q.get(), k, v, s, block_table=t, **kw)
-        with pytest.raises(ValueError, match=r"num_splits must be None or an int in \[1, 256\]; got True"):
+        with pytest.raises(ValueError, match=r"num_splits must be None or (an int in \[1, 256\]|1); got True"):
             decode(q, k, v, s, block_table=t, num_splits=True, **kw)
         with pytest.raises(ValueError, match=r"scale must be a finite number; got nan"):
             decode(q, k, v, s, block_table=t, scale=float("nan"), **kw)
@@ -194,8 +199,31 @@ def test_prepared_calls_still_check_their_arrays(gpu, poison, tensor_cores):
         o, lse = decode(q2, k2, v2, s, block_table=t, return_lse=True, **kw)
         ro, rl = R.decode_attention(*host2[:4], block_table=host2[4])
         assert kernels.check(o, ro, "float16").ok and kernels.check(lse, rl, "float16").ok
-    with pytest.raises(ValueError, match=r"tensor_cores must be True or False; got 'yes'"):
-        decode(q, k, v, s, block_table=t, tensor_cores="yes")
+    if kw:
+        with pytest.raises(ValueError, match=r"tensor_cores must be True or False; got 'yes'"):
+            decode(q, k, v, s, block_table=t, tensor_cores="yes")
+
+
+def test_merging_kernel_on_two_streams(gpu, poison):
+    """decode_split_mma with S > 1 counts its blocks' arrivals in an array kept per stream and left zero by each
+    launch. Calls alternating between two streams (each with its own data), many times over, all match the
+    reference: a counter left non-zero, or shared between streams, would leave rows unmerged (NaN from poison)."""
+    probs = [make_problem(gpu, 3, 8, 2, 2, 128, [5, 700, 3000], 3000, "float16", seed=20 + i) for i in range(2)]
+    refs = [R.decode_attention(*host[:4]) for _, host in probs]
+    streams = [gpu.cuda.Stream(non_blocking=True) for _ in probs]
+    outs = []
+    for rep in range(4):
+        for (dev, _), stream in zip(probs, streams):
+            with stream:
+                outs.append(decode_split.decode(*dev[:4], num_splits=7, return_lse=True))
+    for stream in streams:
+        stream.synchronize()
+    for n, (o, lse) in enumerate(outs):
+        ro, rl = refs[n % 2]
+        assert kernels.check(o, ro, "float16").ok and kernels.check(lse, rl, "float16").ok, f"call {n}"
+    # the counters are back at zero after the launches
+    key_entries = [e for e in decode_split._CALLS.values() if e.n_groups]
+    assert key_entries and all(int(a.sum()) == 0 for e in key_entries for a in e.arrivals.values())
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -86,7 +86,7 @@ def test_tensor_core_plan():
     assert decode_split.plan(2, 32, 1, 128, 8, 4096, "float16", num_splits=S, tensor_cores=False) == (4, 1, 32, S)
     assert decode_split.plan(2, 32, 1, 128, 32, 4096, "float16", num_splits=S) == (16, 1, 64, S)
     assert decode_split.plan(2, 32, 1, 128, 32, 4096, "float16", num_splits=S, tensor_cores=False) == (1, 1, 64, S)
-    assert decode_split.mma_smem_bytes(128) == 4 * 3 * 2 * 16 * 128 * 2 == 96 * 1024
+    assert decode_split.mma_smem_bytes(128) == 4 * 2 * 2 * 16 * 128 * 2 == 64 * 1024
 
 
 def test_ft_helpers():
