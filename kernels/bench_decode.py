@@ -21,8 +21,8 @@ v, enable_gqa=True) where Hq != Hkv; a backend that refuses is recorded as "not 
     vs flash, vs cuDNN   SDPA's kernel time / ours (above 1: ours is faster)
     correct          our output for the first and the last sequence (every head) against reference.decode_attention
 
-and, on a tiny cache, each launcher's call time and its host overhead (kernels.timing.host_overhead_us; the
-target is a call time below 20 us). Results go to results/decode.json, numbers as numbers.
+and, on a tiny cache, each launcher's call time and its host overhead (kernels.timing.host_overhead_us; the best
+of three interleaved rounds; the target is a call time below 20 us). Results go to results/decode.json, numbers as numbers.
 
     python3 -m kernels.bench_decode                    # everything (about a minute on an H100)
     python3 -m kernels.bench_decode --shapes 0 2       # some of the shapes
@@ -40,6 +40,7 @@ import numpy as np
 
 from . import benchmark, check, format_table, gpu_name, gpu_unavailable_reason
 from ._core import cp
+from .bench import OVERHEAD_ROUNDS
 from .timing import fits_in_l2, host_overhead_us, read_bandwidth_gbps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,15 +184,24 @@ def measure(x: dict, *, peers: bool = True, correctness: bool = True, read_gbps:
 
 
 def host_costs(log=print) -> list[dict]:
-    """Each launcher's call time and host overhead on a tiny cache (HOST_SHAPE)."""
+    """Each launcher's call time and host overhead on a tiny cache (HOST_SHAPE). The launchers are measured in
+    OVERHEAD_ROUNDS rounds, one after another within each round, and each keeps its best round (as
+    kernels.bench.launcher_overhead does): the host drifts by tens of percent over seconds, and interleaving keeps that
+    drift from favouring whichever launcher ran in a quiet moment."""
     x = make_inputs(**HOST_SHAPE, page_size=16)
+    fns = our_kernels(x)
+    best = {}
+    for r in range(OVERHEAD_ROUNDS):
+        for name, fn in fns.items():
+            host = host_overhead_us(fn, warmup=1000 if r == 0 else 200)
+            t = benchmark(fn)
+            call, kern, old_host = best.get(name, (float("inf"), float("inf"), float("inf")))
+            best[name] = (min(call, t.call_ms * 1e3), min(kern, t.ms * 1e3), min(old_host, host))
     out = []
-    for name, fn in our_kernels(x).items():
-        t = benchmark(fn)
-        host = host_overhead_us(fn)
-        out.append(dict(name=name, **HOST_SHAPE, call_us=t.call_ms * 1e3, kernel_us=t.ms * 1e3, host_overhead_us=host,
-                        target_us=CALL_TARGET_US, call_below_target=bool(t.call_ms * 1e3 < CALL_TARGET_US)))
-        log(f"  {name:38s} call {t.call_ms * 1e3:6.1f} us, host {host:6.1f} us, kernel {t.ms * 1e3:6.1f} us")
+    for name, (call, kern, host) in best.items():
+        out.append(dict(name=name, **HOST_SHAPE, call_us=call, kernel_us=kern, host_overhead_us=host,
+                        target_us=CALL_TARGET_US, call_below_target=bool(call < CALL_TARGET_US)))
+        log(f"  {name:38s} call {call:6.1f} us, host {host:6.1f} us, kernel {kern:6.1f} us")
     return out
 
 
