@@ -3,15 +3,19 @@
 For each batch B in (1, 64, 256) and vocabulary V in (32000, 128256, 256000), float32 logits (std 2), three pairs,
 ours and torch's usual way of doing the same thing, in one run:
 
-    top-p 0.9     ours: sample(x, top_p=0.9) (sample_threshold: no sort)
+    top-p 0.9     ours: sample(x, top_p=0.9) (no sort: the crossing logit bracketed by mass, then the draw)
                   torch: softmax, sort descending, cumsum, mask after the crossing token, multinomial, gather
-    top-k 50      ours: sample(x, top_k=50) (sample_threshold: the 50th logit bracketed by counts, then the draw)
+    top-k 50      ours: sample(x, top_k=50) (the 50th logit bracketed by counts, then the draw among the 50)
                   torch: topk(50), softmax of the 50, multinomial, gather
     top-k 50 lists  ours: sample(x, top_k=50, top_k_method="lists") (FasterTransformer's two stages, then the draw)
                   torch: the same as for top-k 50
-    plain         ours: sample(x) (sample_threshold with p = 1: max and sum, then one sampling pass)
+    plain         ours: sample(x) (p = 1: max and sum, then one sampling pass)
                   torch: softmax, multinomial
 
+    kernel        which of ours ran: sample_cluster<CS> (sm_90: a cluster of CS blocks per row holds the row in shared
+                  memory, read from HBM once) or sample_threshold (one block per row, the logits read from HBM on
+                  every pass), as sampling.cluster_plan picks them; --cluster N forces sample_cluster<N>, --cluster 0
+                  sample_threshold (for comparing the two on the same shapes)
     kernel us     GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel)
     call us       one Python call on an idle GPU, host overhead included
     reads         kernel time / the time of one read of the logits (B * V * 4 bytes) at the read bandwidth measured
@@ -25,6 +29,7 @@ Results go to results/bench-sampling.json, numbers as numbers.
 
     python3 -m kernels.bench_sampling                     # everything
     python3 -m kernels.bench_sampling --batches 1 64 --vocabs 128256
+    python3 -m kernels.bench_sampling --cluster 0         # the one-block kernel for the threshold method
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (1, 64, 256)
 VOCABS = (32000, 128256, 256000)
 TOP_P, TOP_K, SEED = 0.9, 50, 1234
-PAIRS = (("top-p 0.9", "sample_threshold", "torch sort top-p"),
-         ("top-k 50", "sample_threshold", "torch topk(50) + multinomial"),
+PAIRS = (("top-p 0.9", "threshold (no sort)", "torch sort top-p"),
+         ("top-k 50", "threshold (by counts)", "torch topk(50) + multinomial"),
          ("top-k 50 lists", "topk_stage1 + topk_sample", "torch topk(50) + multinomial"),
-         ("plain", "sample_threshold (p = 1)", "torch multinomial"))
+         ("plain", "threshold (p = 1)", "torch multinomial"))
 TARGETS = {"top-p 0.9": lambda B: 10.0 if B >= 64 else 5.0, "top-k 50": lambda B: 3.0,
            "top-k 50 lists": lambda B: 3.0, "plain": lambda B: None}
 KWARGS = {"top-p 0.9": dict(top_p=TOP_P), "top-k 50": dict(top_k=TOP_K),
@@ -60,8 +65,25 @@ def make_logits(B: int, V: int, seed: int = 0):
     return (rng.standard_normal((B, V), dtype=cp.float32) * 2).astype(cp.float32)
 
 
-def ours(x) -> dict:
-    return {method: (lambda kw=kw: SM.sample(x, seed=SEED, **kw)) for method, kw in KWARGS.items()}
+def _kwargs(method: str, cluster=None) -> dict:
+    """sample()'s keywords for a method; cluster (None: automatic) applies to the threshold method only."""
+    kw = dict(KWARGS[method])
+    if cluster is not None and kw.get("top_k_method", "threshold") == "threshold":
+        kw["cluster"] = cluster
+    return kw
+
+
+def kernel_name(B: int, V: int, method: str, cluster=None) -> str:
+    """The kernel(s) of ours for this shape and method."""
+    kw = _kwargs(method, cluster)
+    if "cluster" in kw:
+        return "sample_threshold" if kw["cluster"] == 0 else f"sample_cluster<{kw['cluster']}>"
+    return " + ".join(SM.kernels_used(kw.get("top_k", 0), V, kw.get("top_k_method", "threshold"), rows=B,
+                                      top_p=kw.get("top_p", 1.0)))
+
+
+def ours(x, cluster=None) -> dict:
+    return {method: (lambda kw=_kwargs(method, cluster): SM.sample(x, seed=SEED, **kw)) for method in KWARGS}
 
 
 def torch_peers(x) -> dict:
@@ -86,11 +108,11 @@ def torch_peers(x) -> dict:
     return {"top-p 0.9": top_p, "top-k 50": top_k, "top-k 50 lists": top_k, "plain": plain}
 
 
-def check_tokens(x, method: str) -> bool:
+def check_tokens(x, method: str, cluster=None) -> bool:
     """Our tokens of the first and the last row against the float64 reference for the same seed."""
     import reference as R
 
-    kw = KWARGS[method]
+    kw = _kwargs(method, cluster)
     rows = sorted({0, x.shape[0] - 1})
     tokens = SM.sample(x, seed=SEED, **kw).get()[rows]
     host = x[rows].get().astype(np.float64)
@@ -100,10 +122,10 @@ def check_tokens(x, method: str) -> bool:
     return bool(((tokens == ref) | (R.cdf_margin(probs, u) < 1e-5)).all())
 
 
-def measure(B: int, V: int, read_gbps: float, log=print) -> list[dict]:
+def measure(B: int, V: int, read_gbps: float, log=print, cluster=None) -> list[dict]:
     x = make_logits(B, V)
     read_us = B * V * 4 / (read_gbps * 1e3)
-    mine, peers = ours(x), torch_peers(x)
+    mine, peers = ours(x, cluster), torch_peers(x)
     rows, torch_times = [], {}
     for method, our_name, torch_name in PAIRS:
         t_ours = benchmark(mine[method])
@@ -112,26 +134,27 @@ def measure(B: int, V: int, read_gbps: float, log=print) -> list[dict]:
         t_torch = torch_times[torch_name]
         target = TARGETS[method](B)
         speedup = t_torch.ms / t_ours.ms
-        row = {"B": B, "V": V, "method": method, "ours": our_name, "peer": torch_name,
+        row = {"B": B, "V": V, "method": method, "ours": our_name, "kernel": kernel_name(B, V, method, cluster),
+               "peer": torch_name,
                "ours_kernel_us": t_ours.ms * 1e3, "ours_call_us": t_ours.call_ms * 1e3,
                "torch_kernel_us": t_torch.ms * 1e3, "torch_call_us": t_torch.call_ms * 1e3,
                "read_us": read_us, "ours_reads": t_ours.ms * 1e3 / read_us, "torch_reads": t_torch.ms * 1e3 / read_us,
                "speedup": speedup, "target": target, "target_met": None if target is None else bool(speedup >= target),
-               "correct": check_tokens(x, method)}
+               "correct": check_tokens(x, method, cluster)}
         rows.append(row)
-        log(f"B={B} V={V} {method}: ours {row['ours_kernel_us']:.1f} us, torch {row['torch_kernel_us']:.1f} us, "
-            f"{speedup:.1f}x")
+        log(f"B={B} V={V} {method} ({row['kernel']}): ours {row['ours_kernel_us']:.1f} us, "
+            f"torch {row['torch_kernel_us']:.1f} us, {speedup:.1f}x")
     del x
     return rows
 
 
-def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print) -> dict:
+def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print, cluster=None) -> dict:
     from .timing import read_bandwidth_gbps
 
     read_gbps = read_bandwidth_gbps()
     log(f"{gpu_name()}: read bandwidth {read_gbps:.0f} GB/s")
     result = {"gpu": gpu_name(), "read_gbps": read_gbps, "dtype": "float32", "top_p": TOP_P, "top_k": TOP_K,
-              "seed": SEED, "rows": []}
+              "seed": SEED, "cluster": cluster, "rows": []}
     try:
         import torch
 
@@ -140,7 +163,7 @@ def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print)
         raise SystemExit(f"bench_sampling needs torch for its peers: {e}")
     for B in batches:
         for V in vocabs:
-            result["rows"] += measure(B, V, read_gbps, log=log)
+            result["rows"] += measure(B, V, read_gbps, log=log, cluster=cluster)
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1))
@@ -148,7 +171,8 @@ def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print)
 
 
 def table(result: dict) -> list[dict]:
-    return [{"B": r["B"], "V": r["V"], "method": r["method"], "ours us": r["ours_kernel_us"],
+    return [{"B": r["B"], "V": r["V"], "method": r["method"], "kernel": r.get("kernel", r["ours"]),
+             "ours us": r["ours_kernel_us"],
              "ours call us": r["ours_call_us"], "torch us": r["torch_kernel_us"], "torch call us": r["torch_call_us"],
              "ours reads": r["ours_reads"], "torch reads": r["torch_reads"], "speedup": r["speedup"],
              "target": "" if r["target"] is None else f">= {r['target']:.0f}x: {r['target_met']}",
@@ -160,12 +184,15 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS))
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-sampling.json")
+    p.add_argument("--cluster", type=int, default=None, choices=(0,) + SM.CLUSTER_SIZES,
+                   help="threshold method: 0 runs sample_threshold, a size runs sample_cluster<size> "
+                        "(default: sampling.cluster_plan)")
     args = p.parse_args(argv)
     reason = gpu_unavailable_reason()
     if reason is not None:
         print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
         return 1
-    result = run(args.batches, args.vocabs, out_path=args.out)
+    result = run(args.batches, args.vocabs, out_path=args.out, cluster=args.cluster)
     print(f"\n{result['gpu']}, read bandwidth {result['read_gbps']:.0f} GB/s, torch {result['torch']}\n")
     print(format_table(table(result)))
     print(f"\nwritten: {args.out}")

@@ -34,6 +34,17 @@
 //                               a block scan of (mass of x > v*, count of x == v*) per tile gives the kept mass up to
 //                               each thread; the thread whose group crosses u * Z_kept walks it. With probs, the
 //                               renormalised row is written in the same pass.
+//   sample_cluster<CS>  sample_threshold's algorithm with the row read from HBM ONCE (sm_90). A thread-block cluster of
+//                 CS blocks (CLUSTER_THREADS each) per row; block `rank` copies its contiguous slice of the row's
+//                 16-byte groups into dynamic shared memory (cp.async, all in flight) and every pass (max / min / Z,
+//                 the pivot rounds, the gather, the sampling pass, the probs write) reads shared memory. After each
+//                 pass the blocks exchange partial sums through distributed shared memory (mapa + ld.shared::cluster,
+//                 one barrier.cluster per exchange); every block adds all CS partials in rank order, so all hold the
+//                 same totals to the bit and take the same decisions. The gather: each block collects its logits of
+//                 the bracket, then every block copies all of them and sorts them (CLUSTER_CAND at most). The sampling
+//                 pass: each warp sums its segment of the slice (mass above v*, ties at v*); one warp per block scans
+//                 the cluster's CS * NW segments in index order, and the one warp whose segment crosses u * Z_kept
+//                 walks it (a warp scan per 32 groups). With probs, every warp walks its segment and writes it.
 //   beam_lse      one block per row: lse = M + log sum exp(x - M) (sample_threshold's pass 1).
 //   beam_stage2<KB> one block per sequence: the K * S * K candidates of topk_stage1 over its K rows, scored
 //                 cum[row] + x - lse[row], merged into the K best; writes score, parent beam, token.
@@ -43,9 +54,14 @@
 // Launch (kernels/sampling.py): topk_stage1 grid (rows, S), S = ceil((V + 3) / SLICE) (+3: a row's groups start up to
 //   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block
 //   TOPK_THREADS, KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS;
-//   reorder_rows grid min(ceil(rows * chunks_per_row / REORDER_THREADS), 65536). Static shared memory only (about 20 KB in
-//   sample_threshold). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), topk_stage1 48,
-//   topk_sample<64> and beam_stage2<64> about 155; no spills.
+//   reorder_rows grid min(ceil(rows * chunks_per_row / REORDER_THREADS), 65536). sample_cluster<CS>: grid rows * CS
+//   (the cluster dims (CS, 1, 1) are compiled in; the blocks of row r are r * CS .. r * CS + CS - 1), block
+//   CLUSTER_THREADS, dynamic shared memory slice_groups * 16 bytes with slice_groups = ceil(ceil((V + 3) / 4) / CS),
+//   opted in up to the GPU's per-block limit minus the static 11 KB (216 KB on an H100); CS = 16 is non-portable (the
+//   launcher opts in). sampling.cluster_plan picks CS and which kernel runs. Static shared memory otherwise (about
+//   20 KB in sample_threshold). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), sample_cluster
+//   60 to 64 (the cap for two blocks of 512 an SM), topk_stage1 48, topk_sample<64> and beam_stage2<64> about 155; no
+//   spills.
 // Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
 //   probs (rows, V) float32; cum, lse (rows,) float32; beam outputs (B, K). A KV cache to reorder is (rows, ...) with
 //   row_bytes a multiple of 16.
@@ -58,10 +74,22 @@
 //   input reads or writes out of bounds.
 //   |logit| < 1e37 (the pivot arithmetic); the search stops after MAX_ROUNDS rounds (never reached by finite logits
 //   of a sane range) and then treats [lo, hi] as ties at hi.
+//   sample_cluster: sm_90 and newer (compiled for an older GPU its body is a trap; the launcher never runs it there),
+//   and a row must fit the cluster's shared memory: ceil((V + 3) / 4) / CS groups of 16 bytes per block, so
+//   V <= about 885 000 at CS = 16 on an H100; longer rows run sample_threshold.
 // Numerics: float32, expf (no fast math). The GPU's kept set and token equal the float64 reference's except where a
 //   cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
-// What the next version improves: several blocks per row for sample_threshold at batch 1 (one SM reads the whole row
-//   now), bf16/fp16 logits, and the logits kept in shared memory between passes where the row fits.
+// What the next version improves: sample_cluster reads the row once, but its time per row is a chain of short steps,
+//   each behind a barrier (pass 1, the pivot rounds, the gather and sort, the sampling pass): an earlier build with
+//   CLUSTER_CAND = 2048 took at batch 1 about 10 to 22 us for plain sampling and 30 to 75 us with top-k or top-p on an
+//   H100, the candidate sort (up to 66 bitonic steps) and the pivot rounds dominating. CLUSTER_CAND = 512 trades about
+//   one more pivot round (a pass over shared memory and one cluster barrier) for a sort of at most 512 (at most 45
+//   steps) and 24 KB less static shared memory a block. A crossing value with more than CLUSTER_CAND ties (a row of
+//   bf16 logits) still costs pivot rounds until lo = hi (about 8); a round that also finds the min and max inside
+//   the bracket would stop there at once. One sort per cluster instead of one per block and a search that narrows
+//   more than 8x per round (a histogram per round) come next; at large batch, where only a few rows fit in the
+//   GPU's shared memory at once, the one-block kernel stays faster for top-k and top-p (sampling.cluster_plan).
+//   Also bf16/fp16 logits.
 
 #ifndef TOPK_THREADS
 #define TOPK_THREADS 256
@@ -84,6 +112,12 @@
 #ifndef REORDER_THREADS
 #define REORDER_THREADS 256
 #endif
+#ifndef CLUSTER_THREADS
+#define CLUSTER_THREADS 512
+#endif
+#ifndef CLUSTER_CAND
+#define CLUSTER_CAND 512
+#endif
 
 #define SLICE (TOPK_THREADS * TOPK_EPT)
 #ifndef INFINITY  // NVRTC has no <math.h>
@@ -98,6 +132,9 @@ static_assert(SAMPLE_THREADS % 32 == 0 && SAMPLE_THREADS <= 1024, "SAMPLE_THREAD
 static_assert((CAND_MAX & (CAND_MAX - 1)) == 0 && CAND_MAX == 2 * SAMPLE_THREADS, "bitonic sort: one pair per thread");
 static_assert(PIVOTS >= 1 && PIVOTS <= 31, "PIVOTS: registers");
 static_assert(TOPK_EPT % 4 == 0 && LOAD_UNROLL >= 1, "16-byte groups");
+static_assert(CLUSTER_THREADS % 32 == 0 && CLUSTER_THREADS <= 1024, "CLUSTER_THREADS: whole warps");
+static_assert((CLUSTER_CAND & (CLUSTER_CAND - 1)) == 0 && CLUSTER_CAND >= 4 * KMAX,
+              "CLUSTER_CAND: a power of two (the bitonic sort), room for the top k and more");
 
 // ---------------------------------------------------------------------------------------------------------------
 // Philox4x32-10: counter (row, 0, offset_lo, offset_hi), key (seed_lo, seed_hi); u = top 24 bits of word 0 * 2^-24.
@@ -713,6 +750,573 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// sample_cluster<CS>: sample_threshold's algorithm with the row read from HBM once. A cluster of CS blocks (sm_90) holds
+// the row in shared memory, block `rank` a contiguous slice of it; every pass runs on the slices, and the blocks add up
+// their partial results through distributed shared memory (one cluster barrier per exchange).
+//
+//   row (groups of four from the alignment origin, as in load4):  |  rank 0  |  rank 1  | ... | rank CS-1 |
+//   block:   NW = CLUSTER_THREADS / 32 warps; for the sampling pass warp w owns the groups [w * gw, (w + 1) * gw) of
+//            its block's slice, so (rank, warp) enumerates the row's segments in index order.
+//   exchange: block partials -> xch (this block's shared memory) -> cluster barrier -> every block reads all CS
+//            partials with ld.shared::cluster and adds them in rank order, so every block holds the same totals to
+//            the bit and takes the same decisions (bracket, kept set) without a second barrier.
+// ---------------------------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define HAS_CLUSTERS 0
+#define CLUSTER_DIMS(n)
+#else
+#define HAS_CLUSTERS 1
+#define CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#endif
+#define CLUSTER_WARPS (CLUSTER_THREADS / 32)
+#define XCH (2 * PIVOTS > 4 ? 2 * PIVOTS : 4)  // floats one block contributes to an exchange
+
+#if HAS_CLUSTERS
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// The cluster barrier: arrive (release: this thread's shared-memory writes and reads are done) and wait (acquire).
+// Every thread of every block of the cluster takes part; a block may leave only after the others stop reading it.
+// (Not .aligned: some calls follow code where the threads of a warp took different branches.)
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
+
+// The shared-memory variable *p of block `rank` of this cluster (mapa: its address in the cluster's window).
+__device__ __forceinline__ unsigned int cluster_address(const void* p, unsigned int rank) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float load_remote(const float* p, unsigned int rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(p, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ int load_remote(const int* p, unsigned int rank) {
+    int v;
+    asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(cluster_address(p, rank)) : "memory");
+    return v;
+}
+// 16 bytes global -> shared without a register (cp.async, L1 bypassed); cp_async_wait_all waits for this thread's.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned int)__cvta_generic_to_shared(smem)),
+                 "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The cluster's sums of N values per thread: every thread of every block gets the same N totals (the same additions
+// in the same order everywhere). One cluster barrier; xch alternates between two buffers (buf), so a block may write
+// the next exchange while a slower one still reads this one.
+template <int CS, int N>
+__device__ __forceinline__ void cluster_sum(float (&v)[N], float* red, float (*xch)[XCH], float* tot, int& buf) {
+    static_assert(N <= XCH, "exchange buffer");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = warp_reduce(v[j]);
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) red[j * 32 + warp] = v[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < N) {
+        float s = 0.f;
+        for (int w2 = 0; w2 < CLUSTER_WARPS; ++w2) s += red[threadIdx.x * 32 + w2];
+        xch[buf][threadIdx.x] = s;
+    }
+    cluster_sync();
+    if (threadIdx.x < N) {
+        float part[CS];
+#pragma unroll
+        for (int r = 0; r < CS; ++r) part[r] = load_remote(&xch[buf][threadIdx.x], r);  // all loads in flight
+        float s = 0.f;
+#pragma unroll
+        for (int r = 0; r < CS; ++r) s += part[r];
+        tot[threadIdx.x] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = tot[j];
+    buf ^= 1;
+}
+
+// bracket() on the cluster's slices: the same pivots and update, the counts and masses summed over the cluster, and
+// rounds until at most CLUSTER_CAND logits are left.
+template <int CS, bool BY_COUNT>
+__device__ void cluster_bracket(const float4* slice, int ng, float M, float inv_t, float target, float* red,
+                                float (*xch)[XCH], float* tot, int& buf, float& lo, float& hi, float& above,
+                                float& n_in) {
+    for (int round = 0; round < MAX_ROUNDS && n_in + (BY_COUNT ? above : 0.f) > (float)CLUSTER_CAND && lo < hi;
+         ++round) {
+        float piv[PIVOTS], acc[2 * PIVOTS];
+        const float width = hi - lo, blo = lo, bhi = hi;
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j) {
+            piv[j] = fminf(lo + width * ((float)(j + 1) / (float)(PIVOTS + 1)), hi);
+            acc[j] = 0.f; acc[PIVOTS + j] = 0.f;
+        }
+        for (int g = threadIdx.x; g < ng; g += CLUSTER_THREADS) {
+            const float4 t = slice[g];
+            const float v4[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float v = v4[e];
+                if (v >= blo && v <= bhi) {
+                    const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
+#pragma unroll
+                    for (int j = 0; j < PIVOTS; ++j) {
+                        const bool up = v > piv[j];
+                        acc[j] += up ? 1.f : 0.f;
+                        if (!BY_COUNT) acc[PIVOTS + j] += up ? q : 0.f;
+                    }
+                }
+            }
+        }
+        cluster_sum<CS, 2 * PIVOTS>(acc, red, xch, tot, buf);
+        int jl = -1;
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j)
+            if (above + (BY_COUNT ? acc[j] : acc[PIVOTS + j]) >= target) jl = j;
+        float new_lo = lo, new_hi = piv[0], new_n = n_in - acc[0];
+        float new_above = above + (BY_COUNT ? acc[0] : acc[PIVOTS]);
+#pragma unroll
+        for (int j = 0; j < PIVOTS; ++j) {
+            if (j == jl) {
+                const int j1 = j + 1 < PIVOTS ? j + 1 : j;
+                const bool last = j + 1 == PIVOTS;
+                new_lo = nextafterf(piv[j], INFINITY);
+                new_hi = last ? hi : piv[j1];
+                new_n = acc[j] - (last ? 0.f : acc[j1]);
+                new_above = above + (last ? 0.f : (BY_COUNT ? acc[j1] : acc[PIVOTS + j1]));
+            }
+        }
+        lo = new_lo; hi = fmaxf(new_hi, new_lo); n_in = new_n; above = new_above;
+    }
+}
+
+// Bitonic sort of cand[0, nc) (nc <= CLUSTER_CAND) in ranking order (value desc, index asc), padded to a power of two.
+__device__ void sort_candidates(float* cand_v, int* cand_i, int nc) {
+    int sort_n = 2;
+    while (sort_n < nc) sort_n <<= 1;
+    for (int j = nc + threadIdx.x; j < sort_n; j += CLUSTER_THREADS) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
+    for (int size = 2; size <= sort_n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < sort_n / 2; t += CLUSTER_THREADS) {
+                const int a = 2 * t - (t & (stride - 1)), b = a + stride;
+                const bool desc = (a & size) == 0;
+                const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
+                                       : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
+                if (swap) {
+                    const float tv = cand_v[a]; cand_v[a] = cand_v[b]; cand_v[b] = tv;
+                    const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The logits of the cluster's slices in [lo, hi] (at most CLUSTER_CAND): each block gathers its own into loc, then every
+// block copies all blocks' (in rank order) into cand and sorts them; returns how many. i_base: the index of slice[0].x.
+// last_remote: no exchange follows on this path, so arrive at the final cluster barrier after the copy.
+template <int CS>
+__device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int V, float lo, float hi, float* loc_v,
+                                   int* loc_i, int* n_loc, int* off, float* cand_v, int* cand_i, bool last_remote) {
+    if (threadIdx.x == 0) *n_loc = 0;
+    __syncthreads();
+    for (int g = threadIdx.x; g < ng; g += CLUSTER_THREADS) {
+        const float4 t = slice[g];
+        const float v4[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = i_base + 4 * g + e;
+            if (v4[e] >= lo && v4[e] <= hi && i >= 0 && i < V) {
+                const int slot = atomicAdd(n_loc, 1);
+                if (slot < CLUSTER_CAND) { loc_v[slot] = v4[e]; loc_i[slot] = i; }
+            }
+        }
+    }
+    cluster_sync();
+    if (threadIdx.x == 0) {
+        int cnt[CS];
+#pragma unroll
+        for (int r = 0; r < CS; ++r) cnt[r] = load_remote(n_loc, r);
+        int o = 0;
+#pragma unroll
+        for (int r = 0; r < CS; ++r) { off[r] = o; o += min(cnt[r], CLUSTER_CAND); }
+        off[CS] = o;
+    }
+    __syncthreads();
+    const int nc = min(off[CS], CLUSTER_CAND);
+    for (int r = 0; r < CS; ++r) {
+        const int beg = min(off[r], CLUSTER_CAND), n = min(off[r + 1], CLUSTER_CAND) - beg;
+        for (int j = threadIdx.x; j < n; j += CLUSTER_THREADS) {
+            cand_v[beg + j] = load_remote(&loc_v[j], r);
+            cand_i[beg + j] = load_remote(&loc_i[j], r);
+        }
+    }
+    if (last_remote) cluster_arrive();
+    sort_candidates(cand_v, cand_i, nc);
+    return nc;
+}
+#endif  // HAS_CLUSTERS
+
+template <int CS>
+CLUSTER_DIMS(CS) __global__ void __launch_bounds__(CLUSTER_THREADS, 2)
+sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float inv_t, int top_k, float top_p,
+               unsigned long long seed, unsigned long long offset, int* __restrict__ tokens, float* __restrict__ probs) {
+    static_assert(CS >= 1 && CS <= 16, "CS: 1 to 16 blocks per cluster (above 8: non-portable, opted in by the launcher)");
+#if HAS_CLUSTERS
+    constexpr int NT = CLUSTER_THREADS, NW = CLUSTER_WARPS, EPC = (CLUSTER_CAND + NT - 1) / NT;
+    constexpr int NE = CS * NW, EPL = (NE + 31) / 32;  // segments of the row; segments per lane of the final scan
+    extern __shared__ float4 slice[];  // this block's groups of the row: slice_groups * 16 bytes
+    __shared__ float cand_v[CLUSTER_CAND];  // the cluster's candidates, sorted
+    __shared__ int cand_i[CLUSTER_CAND];
+    __shared__ float loc_v[CLUSTER_CAND];  // this block's candidates (the other blocks copy them)
+    __shared__ int loc_i[CLUSTER_CAND];
+    __shared__ float red[32 * 2 * PIVOTS];
+    __shared__ float xch[2][XCH], tot[XCH];
+    __shared__ float seg_g[NW], seg_gb[NW];  // sampling pass: each warp's segment's mass above v* and ties (read by
+    __shared__ int seg_c[NW], seg_cb[NW];    // the cluster), and the mass and ties before it in the row
+    __shared__ float w[KMAX], scan_g[NW], s_vstar, s_zp;
+    __shared__ int order[KMAX], off[CS + 1], n_loc, found, first_pos, s_r, s_n, s_walk, s_cross;
+    const unsigned int rank = cluster_rank();
+    const long long row = blockIdx.x / CS;
+    const float* x = logits + row * V;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int o = align_origin(x);
+    const int g0 = (int)rank * slice_groups;              // this block's first group of the row
+    const int ng = max(0, min(slice_groups, (V - o + 3) / 4 - g0));  // and how many it holds
+    const int i_base = o + 4 * g0;                        // the index of slice[0].x
+    int buf = 0;
+
+    // ---- load: this block's slice, HBM -> shared memory once (16-byte cp.async, all in flight) ----
+    for (int g = tid; g < ng; g += NT) {
+        const int i0 = i_base + 4 * g;
+        if (i0 >= 0 && i0 + 4 <= V) {
+            cp_async16(&slice[g], x + i0);
+        } else {  // the row's first or last group sticks out of it: those positions hold -inf
+            float v[4];
+            load4(x, V, i0, v);
+            slice[g] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // ---- pass 1: max, smallest finite logit, softmax denominator (per thread online, per warp, per block, cluster) ----
+    float M, mn, Z, n_finite;
+    {
+        float m = -INFINITY, lo = INFINITY, s = 0.f, cnt = 0.f;
+        for (int g = tid; g < ng; g += NT) {
+            const float4 t = slice[g];
+            const float v4[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float v = v4[e];
+                if (v > -INFINITY) {
+                    lo = fminf(lo, v);
+                    cnt += 1.f;
+                    if (v > m) { s = (m > -INFINITY) ? s * expf((m - v) * inv_t) : 0.f; m = v; }
+                    s += expf((v - m) * inv_t);
+                }
+            }
+        }
+        float wm = m;
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) {
+            wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, d));
+            lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
+        }
+        s = (m > -INFINITY && wm < INFINITY) ? s * expf((m - wm) * inv_t) : 0.f;
+        s = warp_reduce(s);
+        cnt = warp_reduce(cnt);
+        if (lane == 0) { red[warp] = wm; red[32 + warp] = lo; red[64 + warp] = s; red[96 + warp] = cnt; }
+        __syncthreads();
+        if (tid == 0) {  // the block's, in warp order
+            float bm = -INFINITY, blo = INFINITY, bs = 0.f, bn = 0.f;
+            for (int w2 = 0; w2 < NW; ++w2) { bm = fmaxf(bm, red[w2]); blo = fminf(blo, red[32 + w2]); bn += red[96 + w2]; }
+            for (int w2 = 0; w2 < NW; ++w2)
+                bs += (red[w2] > -INFINITY && bm < INFINITY) ? red[64 + w2] * expf((red[w2] - bm) * inv_t) : 0.f;
+            xch[buf][0] = bm; xch[buf][1] = blo; xch[buf][2] = bs; xch[buf][3] = bn;
+        }
+        cluster_sync();
+        if (tid == 0) {  // the cluster's, in rank order (the same in every block)
+            float pm[CS], plo[CS], ps[CS], pn[CS];
+#pragma unroll
+            for (int r = 0; r < CS; ++r) {
+                pm[r] = load_remote(&xch[buf][0], r); plo[r] = load_remote(&xch[buf][1], r);
+                ps[r] = load_remote(&xch[buf][2], r); pn[r] = load_remote(&xch[buf][3], r);
+            }
+            float cm = -INFINITY, clo = INFINITY, cs = 0.f, cn = 0.f;
+#pragma unroll
+            for (int r = 0; r < CS; ++r) { cm = fmaxf(cm, pm[r]); clo = fminf(clo, plo[r]); cn += pn[r]; }
+#pragma unroll
+            for (int r = 0; r < CS; ++r) cs += (pm[r] > -INFINITY && cm < INFINITY) ? ps[r] * expf((pm[r] - cm) * inv_t) : 0.f;
+            tot[0] = cm; tot[1] = clo; tot[2] = cs; tot[3] = cn;
+        }
+        __syncthreads();
+        M = tot[0]; mn = tot[1]; Z = tot[2]; n_finite = tot[3];
+        buf ^= 1;
+    }
+    if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
+        cluster_arrive();
+        if (rank == 0 && tid == 0) tokens[row] = 0;
+        if (probs != nullptr)
+            for (int i = max(i_base, 0) + tid; i < min(i_base + 4 * ng, V); i += NT) probs[row * V + i] = 0.f;
+        cluster_wait();
+        return;
+    }
+    const float u = philox_uniform(seed, (unsigned int)row, offset);
+
+    // The kept set: x > vstar, and the first r logits equal to vstar (by index). zp: its mass.
+    float vstar = -INFINITY, zp = Z;
+    int r = 0;
+    const int k = (float)top_k < n_finite ? top_k : 0;
+    if (k > 0) {
+        // ---- top-k: bracket the k-th logit by counts over the cluster, gather, sort ----
+        float lo = mn, hi = M, above = 0.f, n_in = n_finite;
+        cluster_bracket<CS, true>(slice, ng, M, inv_t, (float)k, red, xch, tot, buf, lo, hi, above, n_in);
+        const bool all_in = above + n_in <= (float)CLUSTER_CAND && lo < hi;
+        const bool draw_here = all_in && probs == nullptr;  // the draw among the candidates: no sampling pass
+        const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY,
+                                               loc_v, loc_i, &n_loc, off, cand_v, cand_i, draw_here);
+        const int n_exact = all_in ? k : min(nc, k);
+        // ---- top-k: softmax of the k, top-p within them (every block, the same numbers) ----
+        if (tid < k) w[tid] = expf(((tid < n_exact ? cand_v[tid] : hi) - M) * inv_t);
+        __syncthreads();
+        if (tid == 0) {
+            const int n = top_p_prefix(w, k, top_p);
+            float z = 0.f;
+            for (int j = 0; j < n; ++j) z += w[j];
+            const float vs = n - 1 < n_exact ? cand_v[n - 1] : hi;
+            int rr = 0;
+            for (int j = 0; j < n; ++j) rr += (j < n_exact ? cand_v[j] : hi) == vs ? 1 : 0;
+            s_vstar = vs; s_r = rr; s_zp = z; s_n = n;
+        }
+        __syncthreads();
+        vstar = s_vstar; r = s_r; zp = s_zp;
+        if (draw_here) {
+            // ---- top-k: the draw among the kept candidates, in index order (block 0 of the cluster) ----
+            if (rank == 0) {
+                const int n = s_n;
+                if (tid < n) {
+                    int rank_i = 0;
+                    for (int l = 0; l < n; ++l) rank_i += cand_i[l] < cand_i[tid] ? 1 : 0;
+                    order[rank_i] = tid;
+                }
+                __syncthreads();
+                if (tid == 0) {
+                    const float target = u * zp;
+                    float cum = 0.f;
+                    int token = -1, last = cand_i[0];
+                    for (int j = 0; j < n; ++j) {
+                        const int e = order[j];
+                        if (w[e] > 0.f) last = cand_i[e];
+                        cum += w[e];
+                        if (w[e] > 0.f && cum > target) { token = cand_i[e]; break; }
+                    }
+                    tokens[row] = min(max(token >= 0 ? token : last, 0), V - 1);
+                }
+            }
+            cluster_wait();
+            return;
+        }
+    } else if (top_p < 1.0f) {
+        const float target = top_p * Z;
+        // ---- top-p: bracket the crossing logit by mass over the cluster ----
+        float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
+        cluster_bracket<CS, false>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, mass_hi, n_in);
+        if (n_in <= (float)CLUSTER_CAND && lo < hi) {
+            // ---- top-p: gather [lo, hi], sort, scan their masses on top of mass_hi (EPC candidates a thread) ----
+            const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, &n_loc, off, cand_v,
+                                                   cand_i, false);
+            float q[EPC], c[EPC], tsum = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPC; ++e) {
+                const int j = tid * EPC + e;
+                q[e] = j < nc ? expf((cand_v[j] - M) * inv_t) : 0.f;
+                tsum += q[e];
+            }
+            float incl = tsum;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, incl, d);
+                if (lane >= d) incl += y;
+            }
+            if (lane == 31) scan_g[warp] = incl;
+            if (tid == 0) found = BIG_INDEX;
+            __syncthreads();
+            float before = mass_hi;
+            for (int w2 = 0; w2 < warp; ++w2) before += scan_g[w2];
+            const float prev = __shfl_up_sync(0xffffffffu, incl, 1);
+            before += lane > 0 ? prev : 0.f;
+#pragma unroll
+            for (int e = 0; e < EPC; ++e) { before += q[e]; c[e] = before; }  // the mass up to and including each
+#pragma unroll
+            for (int e = 0; e < EPC; ++e) {
+                if (tid * EPC + e < nc && c[e] >= target) { atomicMin(&found, tid * EPC + e); break; }
+            }
+            __syncthreads();
+            const int js = max(found == BIG_INDEX ? nc - 1 : found, 0);  // rounding: no crossing -> all candidates
+            vstar = cand_v[js];
+            if (tid == 0) first_pos = js;
+            __syncthreads();
+            for (int j = tid; j <= js; j += NT)
+                if (cand_v[j] == vstar && (j == 0 || cand_v[j - 1] != vstar)) first_pos = j;
+#pragma unroll
+            for (int e = 0; e < EPC; ++e)
+                if (tid * EPC + e == js) s_zp = c[e];
+            __syncthreads();
+            r = js - first_pos + 1;
+            zp = s_zp;
+        } else {
+            // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
+            vstar = hi;
+            const float qv = expf((hi - M) * inv_t);
+            const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
+            r = (int)fminf(fmaxf(need, 1.f), n_in);
+            zp = mass_hi + (float)r * qv;
+        }
+    }
+
+    // ---- sample: each warp's segment summed, the cluster's segments scanned, one warp walks the crossing one ----
+    const float qv = vstar > -INFINITY ? expf((vstar - M) * inv_t) : 0.f;
+    const float target = u * zp;
+    const float inv_zp = 1.f / zp;
+    const int gw = (slice_groups + NW - 1) / NW;
+    const int jb = min(warp * gw, ng), je = min(jb + gw, ng);  // this warp's segment of the slice
+    {
+        float g = 0.f;
+        int c = 0;
+        for (int j = jb + lane; j < je; j += 32) {
+            const float4 t = slice[j];
+            const float v4[4] = {t.x, t.y, t.z, t.w};
+            const int i0 = i_base + 4 * j;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (v4[e] > vstar) g += expf((v4[e] - M) * inv_t);
+                c += (v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
+            }
+        }
+        g = warp_reduce(g);
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+        if (lane == 0) { seg_g[warp] = g; seg_c[warp] = c; }
+    }
+    cluster_sync();
+    if (warp == 0) {
+        // The segments e = rank * NW + warp in index order, EPL per lane: the kept mass before each one is
+        // g_before + qv * min(ties_before, r). The walk goes to the first segment whose kept mass crosses u * zp,
+        // or (rounding: none does) to the last segment that keeps any mass.
+        float eg[EPL];
+        int ec[EPL];
+#pragma unroll
+        for (int t = 0; t < EPL; ++t) {
+            const int e = lane * EPL + t;
+            eg[t] = e < NE ? load_remote(&seg_g[e % NW], e / NW) : 0.f;
+            ec[t] = e < NE ? load_remote(&seg_c[e % NW], e / NW) : 0;
+        }
+        float sg = 0.f;
+        int sc = 0;
+#pragma unroll
+        for (int t = 0; t < EPL; ++t) { sg += eg[t]; sc += ec[t]; }
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const float yg = __shfl_up_sync(0xffffffffu, sg, d);
+            const int yc = __shfl_up_sync(0xffffffffu, sc, d);
+            if (lane >= d) { sg += yg; sc += yc; }
+        }
+        float gb = __shfl_up_sync(0xffffffffu, sg, 1);
+        int cb = __shfl_up_sync(0xffffffffu, sc, 1);
+        if (lane == 0) { gb = 0.f; cb = 0; }
+        int cross = BIG_INDEX, last = -1;
+#pragma unroll
+        for (int t = 0; t < EPL; ++t) {
+            const int e = lane * EPL + t;
+            if (e < NE) {
+                const float ga = gb + eg[t];
+                const int ca = cb + ec[t];
+                const float kb = gb + qv * (float)min(cb, r), ka = ga + qv * (float)min(ca, r);
+                if (kb <= target && target < ka && cross == BIG_INDEX) cross = e;
+                if (eg[t] > 0.f || (qv > 0.f && min(ca, r) > min(cb, r))) last = e;
+                if (e / NW == (int)rank) { seg_gb[e % NW] = gb; seg_cb[e % NW] = cb; }
+                gb = ga; cb = ca;
+            }
+        }
+        cross = __reduce_min_sync(0xffffffffu, cross);
+        last = __reduce_max_sync(0xffffffffu, last);
+        if (lane == 0) { s_walk = cross != BIG_INDEX ? cross : max(last, 0); s_cross = cross != BIG_INDEX; }
+    }
+    __syncthreads();
+    cluster_arrive();  // the last read of another block's shared memory
+    const bool mine = s_walk == (int)rank * NW + warp;  // this warp's segment holds the token
+    if (mine || probs != nullptr) {
+        // ---- sample: walk the segment in tiles of 32 groups (a warp scan per tile); with probs, every warp ----
+        const bool cross = mine && s_cross;
+        float gcar = seg_gb[warp];
+        int ccar = seg_cb[warp], token = -1, last_kept = -1;
+        for (int jt = jb; jt < je; jt += 32) {
+            const int j = jt + lane;
+            const bool in = j < je;
+            const float4 t = in ? slice[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+            const float v4[4] = {t.x, t.y, t.z, t.w};
+            const int i0 = i_base + 4 * j;
+            float gl = 0.f;
+            int cl = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (v4[e] > vstar) gl += expf((v4[e] - M) * inv_t);
+                cl += (in && v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
+            }
+            float gi = gl;
+            int ci = cl;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const float yg = __shfl_up_sync(0xffffffffu, gi, d);
+                const int yc = __shfl_up_sync(0xffffffffu, ci, d);
+                if (lane >= d) { gi += yg; ci += yc; }
+            }
+            float gx = __shfl_up_sync(0xffffffffu, gi, 1);
+            int ties = __shfl_up_sync(0xffffffffu, ci, 1);
+            if (lane == 0) { gx = 0.f; ties = 0; }
+            ties += ccar;
+            float cum = (gcar + gx) + qv * (float)min(ties, r);
+            int hit = BIG_INDEX;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = i0 + e;
+                if (in && i >= 0 && i < V) {
+                    bool keep = v4[e] > vstar;
+                    if (v4[e] == vstar) { keep = ties < r; ++ties; }
+                    const float q = keep ? expf((v4[e] - M) * inv_t) : 0.f;
+                    if (keep && q > 0.f) last_kept = i;
+                    cum += q;
+                    if (keep && q > 0.f && cum > target && hit == BIG_INDEX) hit = i;
+                    if (probs != nullptr) probs[row * V + i] = q * inv_zp;
+                }
+            }
+            gcar += __shfl_sync(0xffffffffu, gi, 31);
+            ccar += __shfl_sync(0xffffffffu, ci, 31);
+            if (cross && token < 0) {
+                hit = __reduce_min_sync(0xffffffffu, hit);
+                if (hit != BIG_INDEX) token = hit;
+            }
+            if (token >= 0 && probs == nullptr) break;
+        }
+        last_kept = __reduce_max_sync(0xffffffffu, last_kept);
+        if (mine && lane == 0) tokens[row] = min(max(token >= 0 ? token : last_kept, 0), V - 1);
+    }
+    cluster_wait();
+#else
+    __trap();  // launched only on sm_90 and newer (the launcher checks)
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The beam-search step.
 // ---------------------------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
@@ -775,4 +1379,12 @@ template __global__ void beam_stage2<16>(const float*, const int*, const float*,
                                          int*, int*);
 template __global__ void beam_stage2<64>(const float*, const int*, const float*, const float*, int, int, int, float*,
                                          int*, int*);
+#define SAMPLE_CLUSTER_INSTANCE(CS)                                                                                     \
+    template __global__ void sample_cluster<CS>(const float*, int, int, float, int, float, unsigned long long,          \
+                                                unsigned long long, int*, float*);
+SAMPLE_CLUSTER_INSTANCE(1)
+SAMPLE_CLUSTER_INSTANCE(2)
+SAMPLE_CLUSTER_INSTANCE(4)
+SAMPLE_CLUSTER_INSTANCE(8)
+SAMPLE_CLUSTER_INSTANCE(16)
 #endif

@@ -18,10 +18,17 @@ seed, offset  ints in [0, 2^64): row r draws u = Philox4x32-10(key=seed, counter
          boundary, see reference.sampling.cdf_margin).
 
 Two ways to the same tokens (reference/sampling.py states the semantics both follow):
-    top_k_method="threshold" (the default, any k and p): sample_threshold, one block per row, no sort of the row:
-                    max and sum, a few pivot rounds that bracket the top-k (by count) or top-p (by mass) threshold, a
-                    gather and sort of the last few candidates, then the draw (among the k survivors for top-k; one
-                    pass over the row in index order otherwise).
+    top_k_method="threshold" (the default, any k and p), no sort of the row: max and sum, a few pivot rounds that
+                    bracket the top-k (by count) or top-p (by mass) threshold, a gather and sort of the last few
+                    candidates, then the draw (among the k survivors for top-k; one pass in index order otherwise).
+                    Two kernels run it:
+                    sample_cluster<CS> (sm_90, where a row fits): a cluster of CS blocks per row reads the row from
+                        HBM once into their shared memory and runs every pass there, the blocks adding their partial
+                        sums through distributed shared memory. V <= about 885 000 (16 blocks of 216 KB).
+                    sample_threshold: one block per row reading the logits from HBM on every pass.
+                    cluster_plan(rows, V, top_k, top_p) picks the kernel and CS from what was measured faster on an
+                    H100: the cluster kernel for plain sampling, for top-p up to SMs / 2 rows and for top-k up to
+                    about SMs / CS rows; sample_threshold for larger batches, older GPUs and longer rows.
     top_k_method="lists" (0 < top_k < V only): FasterTransformer's top-k, topk_stage1 (grid (rows, S)) + topk_sample<KB>
                     (one block per row): sorted lists in registers merged across blocks, then softmax, top-p and the
                     draw on the k values. Reads the logits once.
@@ -34,7 +41,7 @@ import math
 import numpy as np
 
 from ._core import (MAX_GRID_X, MAX_GRID_YZ, ceil_div, check_alignment, check_array, check_grid, cp, current_device,
-                    defines_from, get_kernel, scalar)
+                    defines_from, device_info, get_kernel, gpu_unavailable_reason, scalar)
 
 KERNEL_FILE = "sampling.cu"
 WHAT = "sampling"
@@ -47,19 +54,112 @@ PIVOTS = 7  # pivots per search round of sample_threshold
 CAND_MAX = 2 * SAMPLE_THREADS  # candidates sorted in shared memory
 LOAD_UNROLL = 4  # 16-byte loads in flight per thread in sample_threshold's passes
 REORDER_THREADS = 256
+CLUSTER_THREADS = 512  # threads per block of sample_cluster
+CLUSTER_CAND = 512  # sample_cluster: pivot rounds go on until at most this many logits are left to gather and sort
+MIN_BLOCK_GROUPS = 1000  # cluster_plan widens a cluster for a few rows while each block keeps this many groups
+SLICE_TARGET_BYTES = 64 * 1024  # and for many rows until a block's slice is at most this (two blocks fit an SM)
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # blocks per cluster (one row per cluster); 16 is non-portable (opted in, probed)
+PORTABLE_CLUSTER = 8  # the largest cluster every sm_90 GPU runs
+CLUSTER_MIN_CC = (9, 0)  # thread-block clusters and distributed shared memory: Hopper
+GROUP_BYTES = 16  # a row is held as groups of four float32 from its alignment origin (see load4 in sampling.cu)
 KMAX = 64
 LIST_BUILDS = (16, 64)  # KB: per-thread list length of stage 2; the smallest >= k is used
 MAX_VOCAB = 1 << 24  # counts are float32 sums in sample_threshold: exact below 2^24
 ALIGN = 16
 DEFINES = defines_from(TOPK_THREADS=TOPK_THREADS, TOPK_EPT=TOPK_EPT, SAMPLE_THREADS=SAMPLE_THREADS, PIVOTS=PIVOTS,
-                       CAND_MAX=CAND_MAX, LOAD_UNROLL=LOAD_UNROLL, REORDER_THREADS=REORDER_THREADS)
-NAME_EXPRESSIONS = tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
+                       CAND_MAX=CAND_MAX, LOAD_UNROLL=LOAD_UNROLL, REORDER_THREADS=REORDER_THREADS,
+                       CLUSTER_THREADS=CLUSTER_THREADS, CLUSTER_CAND=CLUSTER_CAND)
+NAME_EXPRESSIONS = (tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
+                    + tuple(f"sample_cluster<{cs}>" for cs in CLUSTER_SIZES))
 NVRTC_BUILDS = [(NAME_EXPRESSIONS, DEFINES)]
 U64 = 2**64
 
 
 def _kernel(name: str):
     return get_kernel(KERNEL_FILE, name, name_expressions=NAME_EXPRESSIONS, defines=DEFINES)
+
+
+# cuFuncGetAttribute / cuFuncSetAttribute attribute numbers (cuda.h, CUfunction_attribute)
+_ATTR_SHARED_SIZE_BYTES = 1
+_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+_CLUSTER_KERNELS: dict = {}  # (device, cluster size) -> (Kernel, dynamic shared memory a block may take, bytes)
+_CLUSTER_REFUSED: set = set()  # (device, cluster size) whose launch the driver refused (a non-portable size)
+_CLUSTER_PLANS: dict = {}  # (device, rows, V) -> (cluster size, groups per block) or None
+
+
+def _cluster_kernel(cs: int, dev: int):
+    """(Kernel, dynamic shared-memory limit) of sample_cluster<cs> on device dev, configured there once: the
+    opt-in to all the shared memory a block may have beside its static arrays, and for cs > 8 the non-portable
+    cluster size."""
+    conf = _CLUSTER_KERNELS.get((dev, cs))
+    if conf is None:
+        kern = get_kernel(KERNEL_FILE, f"sample_cluster<{cs}>", name_expressions=NAME_EXPRESSIONS, defines=DEFINES,
+                          carveout=100)
+        fn = kern.function(dev)
+        static = cp.cuda.driver.funcGetAttribute(_ATTR_SHARED_SIZE_BYTES, fn.ptr)
+        dynamic = device_info(dev).smem_optin - static
+        cp.cuda.driver.funcSetAttribute(fn.ptr, _ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic)
+        if cs > PORTABLE_CLUSTER:
+            cp.cuda.driver.funcSetAttribute(fn.ptr, _ATTR_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+        conf = _CLUSTER_KERNELS[(dev, cs)] = (kern, dynamic)
+    return conf
+
+
+def _cluster_fits(cs: int, V: int, dev: int) -> bool:
+    return ceil_div(ceil_div(V + 3, 4), cs) * GROUP_BYTES <= _cluster_kernel(cs, dev)[1]
+
+
+def cluster_plan(rows: int, V: int, top_k: int = 0, top_p: float = 1.0, dev: int | None = None):
+    """(cluster size, groups of four logits per block) that sample() uses for (rows, V) logits with this top_k and
+    top_p on this GPU, or None where it runs the one-block kernel sample_threshold.
+
+    Which kernel (measured on an H100 80GB HBM3, batch 1 / 64 / 256 and V = 32000 / 128256 / 256000, each cluster
+    size against sample_threshold: `python3 -m kernels.bench_sampling --cluster N`): sample_cluster is faster for
+    plain sampling at every batch; for top-p while rows <= SMs / 2; for top-k while rows * (the smallest cluster that
+    holds a row) <= SMs. Beyond those the one-block kernel is faster: every
+    cluster block holds a slice of one row, so only a few rows fit on the GPU at a time, and each pays the pivot
+    rounds, cluster barriers and the candidate sort one after the other. sample_threshold also runs on GPUs older
+    than sm_90 and for rows too long for 16 blocks' shared memory.
+    Which size: the smallest cluster that holds the row; for a few rows, wider while rows * size <= SMs and each block
+    keeps MIN_BLOCK_GROUPS groups; and at least the size whose slices are at most SLICE_TARGET_BYTES (two blocks an
+    SM)."""
+    if dev is None:
+        dev = current_device()
+    k = top_k if 0 < top_k < V else 0
+    mode = "top-k" if k else ("top-p" if top_p < 1.0 else "plain")
+    key = (dev, rows, V, mode)
+    if key in _CLUSTER_PLANS:
+        return _CLUSTER_PLANS[key]
+    info = device_info(dev)
+    plan = None
+    groups = ceil_div(V + 3, 4)
+    if info.cc >= CLUSTER_MIN_CC:
+        fitting = [cs for cs in CLUSTER_SIZES if (dev, cs) not in _CLUSTER_REFUSED and _cluster_fits(cs, V, dev)]
+        use = bool(fitting) and (mode == "plain" or (mode == "top-p" and 2 * rows <= info.sm_count)
+                                 or (mode == "top-k" and rows * fitting[0] <= info.sm_count))
+        if use:
+            cs = fitting[0]
+            for wider in fitting[1:]:
+                if ceil_div(groups, cs) * GROUP_BYTES <= SLICE_TARGET_BYTES and (
+                        rows * wider > info.sm_count or ceil_div(groups, wider) < MIN_BLOCK_GROUPS):
+                    break
+                cs = wider
+            plan = (cs, ceil_div(groups, cs))
+    _CLUSTER_PLANS[key] = plan
+    return plan
+
+
+def _forced_plan(cluster: int, rows: int, V: int, dev: int):
+    """The plan for sample(..., cluster=cs): that size, or a ValueError naming what is missing."""
+    info = device_info(dev)
+    if info.cc < CLUSTER_MIN_CC:
+        raise ValueError(f"cluster={cluster} needs thread-block clusters (compute capability >= 9.0); this GPU "
+                         f"({info.name}) has {info.cc[0]}.{info.cc[1]}")
+    if not _cluster_fits(cluster, V, dev):
+        raise ValueError(f"cluster={cluster}: a row of V={V} logits needs {ceil_div(ceil_div(V + 3, 4), cluster) * 16} "
+                         f"bytes of shared memory per block; this GPU allows {_cluster_kernel(cluster, dev)[1]}")
+    return cluster, ceil_div(ceil_div(V + 3, 4), cluster)
 
 
 def list_build(k: int) -> int:
@@ -122,15 +222,21 @@ TOP_K_METHODS = ("threshold", "lists")
 
 
 def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=0, offset=0, return_probs=False,
-           top_k_method="threshold"):
+           top_k_method="threshold", cluster=None):
     """One token per row (int32, (rows,)): temperature -> top-k -> top-p -> renormalise -> draw. See the module
     docstring. return_probs=True also returns the renormalised probabilities (rows, V) float32 (one more write of
-    the row: for tests and teaching). top_k_method: "threshold" or "lists" (how a top-k is found; same tokens)."""
+    the row: for tests and teaching). top_k_method: "threshold" or "lists" (how a top-k is found; same tokens).
+    cluster (threshold method): None picks the kernel (cluster_plan); 0 runs the one-block kernel sample_threshold;
+    a size in CLUSTER_SIZES runs sample_cluster with that many blocks per row (ValueError where it cannot)."""
     dev = current_device()
     rows, V = _check_logits(logits, dev)
     t, k, p = check_sampling_params(temperature, top_k, top_p, V)
     if top_k_method not in TOP_K_METHODS:
         raise ValueError(f"top_k_method must be one of {TOP_K_METHODS}; got {top_k_method!r}")
+    if cluster is not None and (isinstance(cluster, bool) or not isinstance(cluster, (int, np.integer))
+                                or cluster not in (0,) + CLUSTER_SIZES):
+        raise ValueError(f"cluster must be None (automatic), 0 (one block per row) or one of {CLUSTER_SIZES}; "
+                         f"got {cluster!r}")
     seed = _check_int(seed, "seed", 0, U64)
     offset = _check_int(offset, "offset", 0, U64)
     tokens = cp.empty((rows,), dtype=cp.int32)
@@ -143,11 +249,28 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=0, offset=0, ret
             (check_grid(rows, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
             (pv, pi, np.int32(S), np.int32(V), np.int32(k), inv_t, np.float32(p), np.uint64(seed), np.uint64(offset),
              tokens, null, null, probs if probs is not None else null))
+        return (tokens, probs) if return_probs else tokens
+    args = (inv_t, np.int32(k), np.float32(p), np.uint64(seed), np.uint64(offset), tokens,
+            probs if probs is not None else null)
+    plan = None if cluster == 0 else (_forced_plan(cluster, rows, V, dev) if cluster
+                                      else cluster_plan(rows, V, k, p, dev))
+    while plan is not None:  # the cluster kernel; the else branch (no plan, or none left) runs the one-block kernel
+        cs, groups = plan
+        try:
+            _cluster_kernel(cs, dev)[0](
+                (check_grid(rows * cs, WHAT, MAX_GRID_X),), (CLUSTER_THREADS,),
+                (logits, np.int32(V), np.int32(groups)) + args, shared_mem=groups * GROUP_BYTES)
+            break
+        except cp.cuda.driver.CUDADriverError:
+            if cs <= PORTABLE_CLUSTER or cluster is not None:
+                raise
+            # a non-portable cluster this GPU cannot place: never again on this device, plan without it
+            _CLUSTER_REFUSED.add((dev, cs))
+            _CLUSTER_PLANS.clear()
+            plan = cluster_plan(rows, V, k, p, dev)
     else:
-        _kernel("sample_threshold")(
-            (check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,),
-            (logits, np.int32(V), inv_t, np.int32(k), np.float32(p), np.uint64(seed), np.uint64(offset), tokens,
-             probs if probs is not None else null))
+        _kernel("sample_threshold")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,),
+                                    (logits, np.int32(V)) + args)
     return (tokens, probs) if return_probs else tokens
 
 
@@ -245,9 +368,11 @@ def philox_uniforms(n: int, seed: int = 0, offset: int = 0):
     return out
 
 
-def kernels_used(top_k: int, V: int, top_k_method: str = "threshold") -> tuple[str, ...]:
-    """The kernels sample() launches for this k and V (for the notebook)."""
+def kernels_used(top_k: int, V: int, top_k_method: str = "threshold", rows: int = 1,
+                 top_p: float = 1.0) -> tuple[str, ...]:
+    """The kernels sample() launches for this k, V, number of rows and p (for the notebook and the benchmark)."""
     k = 0 if top_k >= V else top_k
     if k and top_k_method == "lists":
         return ("topk_stage1", f"topk_sample<{list_build(k)}>")
-    return ("sample_threshold",)
+    plan = cluster_plan(rows, V, k, top_p) if gpu_unavailable_reason() is None else None
+    return (f"sample_cluster<{plan[0]}>",) if plan is not None else ("sample_threshold",)

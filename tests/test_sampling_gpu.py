@@ -11,6 +11,11 @@ counter) and compare the counts with the reference probabilities at a false-alar
 a correct sampler fails one seed in a thousand. The seed is fixed, so the outcome is deterministic: it passed for
 this seed and will keep passing unless the sampler changes. A negative control (the same counts against a slightly
 different distribution) must fail, which shows the test can.
+
+Two kernels run the default method (top_k_method="threshold"): sample_cluster<CS> (a cluster of CS blocks per row, the
+row held in shared memory; sm_90, where the row fits) and sample_threshold (one block per row; cluster=0, older GPUs and
+rows too long for a cluster). The grid runs every case through both ("auto" and "one-block"), every cluster size on a
+few cases, and a row too long for any cluster.
 """
 
 import math
@@ -112,10 +117,47 @@ CASES = [  # V, rows, std, kind, temperature, top_k, top_p
     (50257, 3, 1.0, "equal", 1.0, 16, 0.3),
     (50257, 3, 1.0, "neg_inf", 1.0, 64, 1.0),
     (1000, 5, 2.0, "normal", 1.0, 17, 1e-6),
+    # the benchmark's shapes: batch 1 and 64, vocabularies up to 256000
+    (256000, 1, 2.0, "normal", 1.0, 0, 0.9),
+    (256000, 2, 1.0, "normal", 1.0, 50, 1.0),
+    (128256, 1, 1.0, "normal", 1.0, 0, 1e-6),
+    (128256, 1, 2.0, "neg_inf", 1.0, 0, 0.9),
+    (128256, 1, 1.0, "equal", 1.0, 1, 1.0),
+    (32000, 64, 2.0, "normal", 1.0, 0, 0.9),
+    (32000, 64, 2.0, "normal", 0.9, 50, 0.95),
+    (32000, 64, 1.0, "normal", 1.0, 0, 1.0),
 ]
 
+# method: "threshold" (automatic: sample_cluster where it runs), "one-block" (threshold method, cluster=0:
+# sample_threshold), "lists" (FasterTransformer's top-k)
+METHODS = {"threshold": dict(top_k_method="threshold"), "one-block": dict(top_k_method="threshold", cluster=0),
+           "lists": dict(top_k_method="lists"), "cluster-1": dict(top_k_method="threshold", cluster=1),
+           "cluster-4": dict(top_k_method="threshold", cluster=4)}
+CASES = ([c + ("threshold",) for c in CASES] + [c + ("one-block",) for c in CASES]
+         + [c + ("lists",) for c in CASES if 0 < c[5] < c[0]])
 
-CASES = [c + ("threshold",) for c in CASES] + [c + ("lists",) for c in CASES if 0 < c[5] < c[0]]
+
+def uses_clusters(gpu) -> bool:
+    """True where sample() runs sample_cluster (sm_90 and newer)."""
+    return kernels.device_compute_capability() >= SM.CLUSTER_MIN_CC
+
+
+def run_case(gpu, x, T, k, p, seed, offset, **kw):
+    """sample() with and without return_probs, checked against the reference: the kept set, the probabilities and the
+    tokens (see the module docstring)."""
+    ref_probs = R.sampling_probs(x, T, k, p)[0]
+    tokens, probs = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
+                              return_probs=True, **kw)
+    probs, tokens = probs.get(), tokens.get()
+    kept = probs > 0
+    check_kept_set(x, T, k, p, kept)
+    same = (kept == (ref_probs > 0)).all(axis=1)
+    if same.any():
+        res = kernels.check(probs[same], ref_probs[same], "float32")
+        assert res.ok, res.detail()
+    check_tokens(x, T, kept, tokens, seed, offset)
+    plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset, **kw).get()
+    check_tokens(x, T, kept, plain, seed, offset)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -124,8 +166,11 @@ def test_probs_and_tokens_match_reference(gpu, poison, case):
     x = make_logits(rows, V, std=std, seed=V + rows, kind=kind)
     ref_probs = R.sampling_probs(x, T, k, p)[0]
     seed, offset = 1234 + V, 7
+    if method == "threshold" and uses_clusters(gpu):  # the automatic choice is the cluster kernel for every case here
+        used = SM.kernels_used(k, V, rows=rows, top_p=p)
+        assert used[0].startswith("sample_cluster"), used
     tokens, probs = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
-                              return_probs=True, top_k_method=method)
+                              return_probs=True, **METHODS[method])
     probs, tokens = probs.get(), tokens.get()
 
     # kept sets: a prefix of the ranking, exactly the reference's unless float32 rounding at p can move its end
@@ -140,8 +185,58 @@ def test_probs_and_tokens_match_reference(gpu, poison, case):
     check_tokens(x, T, kept, tokens, seed, offset)
     # without return_probs a top-k draw takes another route (among the gathered survivors): the same rule
     plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
-                      top_k_method=method).get()
+                      **METHODS[method]).get()
     check_tokens(x, T, kept, plain, seed, offset)
+
+
+CLUSTER_CASES = [  # V, std, kind, temperature, top_k, top_p: run through every cluster size on 3 rows
+    (30001, 1.0, "normal", 1.0, 0, 0.9),   # odd V: rows start off 16-byte alignment
+    (30001, 1.0, "ties", 1.0, 0, 0.7),
+    (30001, 1.0, "neg_inf", 0.8, 0, 0.9),
+    (30001, 2.0, "normal", 1.0, 0, 1.0),
+    (30000, 3.0, "normal", 1.0, 0, 1e-6),
+    (30000, 1.0, "normal", 0.8, 50, 0.95),
+    (30001, 1.0, "ties", 1.2, 40, 0.5),
+    (30001, 1.0, "equal", 1.0, 16, 0.3),
+    (30001, 1.0, "equal", 1.0, 0, 0.3),
+    (30000, 1.0, "normal", 1.0, 1, 1.0),
+    (37, 1.0, "normal", 1.0, 5, 1.0),      # fewer groups than blocks: most blocks of a wide cluster hold nothing
+    (1, 1.0, "normal", 1.0, 0, 0.5),
+]
+
+
+@pytest.mark.parametrize("cs", SM.CLUSTER_SIZES)
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_every_cluster_size(gpu, poison, case, cs):
+    if not uses_clusters(gpu):
+        pytest.skip("thread-block clusters need compute capability >= 9.0")
+    V, std, kind, T, k, p = case
+    x = make_logits(3, V, std=std, seed=V + cs, kind=kind)
+    run_case(gpu, x, T, k, p, seed=99 + cs, offset=3, cluster=cs)
+
+
+def test_row_without_finite_logit(gpu, poison):
+    x = make_logits(3, 5000, seed=4)
+    x[1] = -np.inf
+    x[2, 7] = np.inf
+    for kw in ({}, {"cluster": 0}, {"top_k": 5}, {"top_p": 0.5}, {"top_k": 5, "top_k_method": "lists"}):
+        tokens, probs = SM.sample(gpu.asarray(x), seed=1, return_probs=True, **kw)
+        tokens, probs = tokens.get(), probs.get()
+        assert tokens[1] == 0 and not probs[1].any(), kw
+        assert tokens[2] == 0 and not probs[2].any(), kw
+        check_tokens(x[:1], 1.0, probs[:1] > 0, tokens[:1], 1, 0)
+
+
+def test_long_rows_fall_back(gpu, poison):
+    """A row too long for any cluster's shared memory runs the one-block kernel, with the same results."""
+    V = 1_000_003
+    assert SM.kernels_used(0, V, rows=2) == ("sample_threshold",)
+    x = make_logits(2, V, std=2.0, seed=8)
+    for k, p in ((0, 0.9), (50, 1.0)):
+        run_case(gpu, x, 1.0, k, p, seed=5, offset=1)
+    if uses_clusters(gpu):
+        with pytest.raises(ValueError, match="shared memory"):
+            SM.sample(gpu.asarray(x), cluster=16)
 
 
 def test_philox_bits_match_numpy(gpu):
@@ -163,8 +258,9 @@ def test_top_k_values_and_indices(gpu, poison, V, k, kind):
 
 def test_top_k_one_is_greedy(gpu):
     x = make_logits(64, 128256, seed=3)
-    for seed, method in ((0, "threshold"), (1, "threshold"), (0, "lists")):
-        assert np.array_equal(SM.sample(gpu.asarray(x), top_k=1, seed=seed, top_k_method=method).get(), x.argmax(1))
+    methods = ((0, "threshold"), (1, "threshold"), (0, "one-block"), (0, "lists"))
+    for seed, method in methods + (((0, "cluster-4"),) if uses_clusters(gpu) else ()):
+        assert np.array_equal(SM.sample(gpu.asarray(x), top_k=1, seed=seed, **METHODS[method]).get(), x.argmax(1))
 
 
 def chi_square(counts, probs):
@@ -185,13 +281,17 @@ def chi_square(counts, probs):
 
 
 @pytest.mark.parametrize("k, p, T, method", [(0, 0.9, 1.0, "threshold"), (50, 0.95, 0.8, "threshold"),
-                                             (50, 0.95, 0.8, "lists"), (0, 1.0, 1.3, "threshold")])
+                                             (50, 0.95, 0.8, "lists"), (0, 1.0, 1.3, "threshold"),
+                                             (0, 0.9, 1.0, "one-block"), (50, 0.95, 0.8, "one-block"),
+                                             (0, 0.9, 1.0, "cluster-1"), (50, 0.95, 0.8, "cluster-1")])
 def test_chi_square_goodness_of_fit(gpu, k, p, T, method):
+    if method.startswith("cluster") and not uses_clusters(gpu):
+        pytest.skip("thread-block clusters need compute capability >= 9.0")
     V, n = 1000, 100_000
     row = make_logits(1, V, std=2.0, seed=42)
     ref, _ = R.sampling_probs(row, T, k, p)
     x = gpu.ascontiguousarray(gpu.broadcast_to(gpu.asarray(row), (n, V)))
-    tokens = SM.sample(x, temperature=T, top_k=k, top_p=p, seed=2024, top_k_method=method).get()
+    tokens = SM.sample(x, temperature=T, top_k=k, top_p=p, seed=2024, **METHODS[method]).get()
     counts = np.bincount(tokens, minlength=V)
     assert counts[ref[0] == 0].sum() == 0, "tokens outside the kept set"
     stat, crit = chi_square(counts, ref[0])
@@ -245,19 +345,22 @@ def test_reorder_cache(gpu, poison):
     assert np.array_equal(out[0], cache[K - 1])
 
 
-def test_small_all_kernels(gpu, poison):
-    """A small slice of every kernel (the compute-sanitizer runs this one)."""
+@pytest.mark.parametrize("cluster", [None, 0])
+def test_small_all_kernels(gpu, poison, cluster):
+    """A small slice of every kernel (the compute-sanitizer runs this one); cluster=None: the automatic choice
+    (sample_cluster on sm_90), 0: sample_threshold."""
     x = make_logits(3, 3000, std=2.0, seed=9)
     for k, p, method in ((0, 0.8, "threshold"), (0, 1.0, "threshold"), (5, 0.9, "threshold"), (64, 1.0, "lists")):
-        tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=3, return_probs=True, top_k_method=method)
+        tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=3, return_probs=True, top_k_method=method,
+                                  cluster=cluster)
         ref_probs, _ = R.sampling_probs(x, 1.0, k, p)
         assert kernels.check(probs.get(), ref_probs, "float32").ok
-    tokens = SM.sample(gpu.asarray(x), top_k=7, top_p=0.5, seed=3).get()  # the draw among the gathered top k
+    tokens = SM.sample(gpu.asarray(x), top_k=7, top_p=0.5, seed=3, cluster=cluster).get()  # the draw among the top k
     check_tokens(x, 1.0, R.sampling_probs(x, 1.0, 7, 0.5)[0] > 0, tokens, 3, 0)
     ties = make_logits(2, 3001, kind="ties", seed=2)  # enough candidates for the pivot rounds and the gather
     mixed = np.concatenate([ties, make_logits(1, 3001, kind="equal")])  # V odd: unaligned rows
     for k in (0, 9):
-        tokens, probs = SM.sample(gpu.asarray(mixed), top_k=k, top_p=0.6, seed=1, return_probs=True)
+        tokens, probs = SM.sample(gpu.asarray(mixed), top_k=k, top_p=0.6, seed=1, return_probs=True, cluster=cluster)
         kept = probs.get() > 0
         check_kept_set(mixed, 1.0, k, 0.6, kept)
         check_tokens(mixed, 1.0, kept, tokens.get(), 1, 0)
@@ -267,6 +370,30 @@ def test_small_all_kernels(gpu, poison):
     parent = np.array([[1, 0], [1, 1]], np.int32)
     out = SM.reorder_cache(gpu.asarray(cache), gpu.asarray(parent))
     assert np.array_equal(out.get(), R.reorder_cache(cache, parent))
+    gpu.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.parametrize("cs", SM.CLUSTER_SIZES)
+def test_small_cluster(gpu, poison, cs):
+    """Every path of sample_cluster<cs> on small rows (the compute-sanitizer runs this one): the pivot rounds, the
+    gather across blocks, the top-k draw among the candidates, the sampling pass with and without probs, a row of
+    ties, a row without a finite logit, and blocks that hold no logit at all (V = 5)."""
+    if not uses_clusters(gpu):
+        pytest.skip("thread-block clusters need compute capability >= 9.0")
+    ties = make_logits(2, 3001, kind="ties", seed=cs)
+    x = np.concatenate([ties, make_logits(1, 3001, kind="equal"), np.full((1, 3001), -np.inf, np.float32)])
+    for k, p in ((0, 0.6), (0, 1.0), (9, 1.0), (9, 0.6)):
+        tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=cs, return_probs=True, cluster=cs)
+        tokens, probs = tokens.get(), probs.get()
+        kept = probs[:3] > 0
+        check_kept_set(x[:3], 1.0, k, p, kept)
+        assert tokens[3] == 0 and not probs[3].any()
+        check_tokens(x[:3], 1.0, kept, tokens[:3], cs, 0)
+        tokens = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=cs, cluster=cs).get()  # no probs: another route
+        assert tokens[3] == 0
+        check_tokens(x[:3], 1.0, kept, tokens[:3], cs, 0)
+    tiny = make_logits(2, 5, seed=cs)
+    check_tokens(tiny, 1.0, np.ones((2, 5), bool), SM.sample(gpu.asarray(tiny), seed=2, cluster=cs).get(), 2, 0)
     gpu.cuda.get_current_stream().synchronize()
 
 
@@ -294,6 +421,9 @@ def test_errors(gpu):
     assert SM.sample(x, top_k=1000).shape == (4,)  # k >= V: no top-k
     with pytest.raises(ValueError, match="top_k_method"):
         SM.sample(x, top_k=5, top_k_method="sort")
+    for c in (3, 32, -1, True, 2.0, "8"):
+        with pytest.raises(ValueError, match="cluster"):
+            SM.sample(x, cluster=c)
     for p in (0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(ValueError, match="top_p"):
             SM.sample(x, top_p=p)
