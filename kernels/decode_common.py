@@ -46,6 +46,34 @@ def decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev: int):
     return q.shape, k_cache.shape, v_cache.shape, seqlens_k.shape, block_table.shape, dtype, dev
 
 
+MAX_PREPARED = 1024  # prepared problems a launcher keeps before it forgets them all
+
+
+def prepared_entry(cache: dict, key, options: tuple, usable: bool, prepare):
+    """What a decode launcher prepared for this problem, preparing it on the first call.
+
+    key: decode_key(...) (None: the arrays themselves need the full checks); options: the call's hashable options,
+    part of the key; usable: False where an option could be mistaken for another as a key (True == 1), so the call is
+    prepared without being kept; prepare(): validates the problem (raising the error that names what is wrong) and
+    returns the entry. An unhashable option is prepared (and refused there) without being kept."""
+    entry = None
+    if key is not None and usable:
+        key = (key,) + options
+        try:
+            entry = cache.get(key)
+        except TypeError:
+            key = None
+    else:
+        key = None
+    if entry is None:
+        entry = prepare()
+        if key is not None:
+            if len(cache) >= MAX_PREPARED:
+                cache.clear()
+            cache[key] = entry
+    return entry
+
+
 def decode_scale(scale, d) -> float:
     """1 / sqrt(d) for None, else a finite float (ValueError otherwise)."""
     if scale is None:

@@ -41,7 +41,7 @@ import numpy as np
 
 from ._core import (MAX_GRID_X, Launch, check_compute_capability, check_grid, cp, current_device, defines_from,
                     device_info, get_kernel, launch_cache)
-from .decode_common import check_indices_on_gpu, decode_key, decode_scale, validate_decode
+from .decode_common import check_indices_on_gpu, decode_key, decode_scale, prepared_entry, validate_decode
 from .registry import DecodeVariant, register_decode
 
 KERNEL_FILE = "decode_ft.cu"
@@ -149,23 +149,11 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
 
     The first call of a problem validates it and prepares its launch; later calls with arrays of the same shapes
     check only what can differ between such arrays (decode_common.decode_key), allocate and launch."""
-    dev = current_device()
-    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev)
-    entry = None
-    if key is not None and type(num_splits) is not bool and type(threads_per_key) is not bool:
-        key = (key, scale, num_splits, threads_per_key)
-        try:
-            entry = _CALLS.get(key)
-        except TypeError:  # an unhashable option: prepared (and refused) below
-            key = None
-    else:
-        key = None
-    if entry is None:
-        entry = _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, threads_per_key)
-        if key is not None:
-            if len(_CALLS) >= 1024:
-                _CALLS.clear()
-            _CALLS[key] = entry
+    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, current_device())
+    entry = prepared_entry(_CALLS, key, (scale, num_splits, threads_per_key),
+                           type(num_splits) is not bool and type(threads_per_key) is not bool,
+                           lambda: _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits,
+                                            threads_per_key))
     launch, o_shape, o_dtype, lse_shape, capacity = entry
     if check_indices:
         check_indices_on_gpu(seqlens_k, None, capacity, 1, 0)

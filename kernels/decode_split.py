@@ -64,7 +64,8 @@ import numpy as np
 
 from ._core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device,
                     defines_from, device_info, get_kernel, launch_cache)
-from .decode_common import PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, validate_decode
+from .decode_common import (PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, prepared_entry,
+                            validate_decode)
 from .registry import DecodeVariant, register_decode
 
 KERNEL_FILE = "decode_split.cu"
@@ -286,23 +287,11 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
     GPU, so the heuristic assumes full sequences); an int in [1, MAX_SPLITS] forces it.
     tensor_cores: True (default) the tensor-core kernel decode_split_mma, False the CUDA-core kernel decode_split_kv.
     """
-    dev = current_device()
-    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, dev)
-    entry = None
-    if key is not None and type(num_splits) is not bool and type(tensor_cores) is bool:  # True == 1 as a key
-        key = (key, scale, num_splits, tensor_cores)
-        try:
-            entry = _CALLS.get(key)
-        except TypeError:  # an unhashable option: prepared (and refused) below
-            key = None
-    else:
-        key = None
-    if entry is None:
-        entry = _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, tensor_cores)
-        if key is not None:
-            if len(_CALLS) >= 1024:
-                _CALLS.clear()
-            _CALLS[key] = entry
+    key = decode_key(q, k_cache, v_cache, seqlens_k, block_table, current_device())
+    entry = prepared_entry(_CALLS, key, (scale, num_splits, tensor_cores),
+                           type(num_splits) is not bool and type(tensor_cores) is bool,  # True == 1 as a key
+                           lambda: _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits,
+                                            tensor_cores))
     if check_indices:
         capacity, page_rows, num_pages = entry.index_check
         check_indices_on_gpu(seqlens_k, block_table, capacity, page_rows, num_pages)
