@@ -21,12 +21,17 @@
 //   sample_threshold  one block (SAMPLE_THREADS) per row, no sort of the row, the logits read a few times with
 //                 16-byte loads (LOAD_UNROLL in flight per thread; groups of four from the row's alignment origin):
 //                   pass 1      max M, smallest finite logit, Z = sum exp((x - M) / T) (online, per thread)
+//                   top-k bound (top-k only) a lower bound of the k-th logit from the threads' own maxima, no pass:
+//                               the k-th largest of each warp's 4 largest thread maxima (kth_max_bound). Usually only
+//                               a few more than k logits reach it, so the gather below follows at once; more than
+//                               CAND_MAX (many equal logits) start the search from it.
 //                   search      the crossing logit v* lies in [lo, hi]; one pass counts, for PIVOTS logits spread
 //                               evenly over [lo, hi], the number (top-k) or the mass (top-p) of the logits above each;
 //                               the pivot where that first reaches k (or p * Z) brackets v* 8 times tighter. Repeat
 //                               until at most CAND_MAX logits are left (1 to 3 rounds for real logits) or lo = hi.
 //                   gather      the logits of the bracket go to shared memory, sorted by a bitonic sort (value desc,
-//                               index asc). top-k: every logit >= lo is gathered, so the first k sorted ARE the top k;
+//                               index asc). top-k: every logit >= lo (the bound, or the search's lo) is gathered, so
+//                               the first k sorted ARE the top k;
 //                               softmax and top-p on those k, then the draw among them (no further pass). top-p: a scan
 //                               of their masses on top of the mass above hi gives v* and r, the number of logits equal
 //                               to v* that are kept (the first r by index).
@@ -105,6 +110,9 @@
 #endif
 #ifndef CAND_MAX
 #define CAND_MAX 2048
+#endif
+#ifndef BOUND_PER_WARP
+#define BOUND_PER_WARP 4  // thread maxima per warp in the top-k bound of sample_threshold (kth_max_bound)
 #endif
 #ifndef LOAD_UNROLL
 #define LOAD_UNROLL 4
@@ -438,9 +446,10 @@ topk_sample(const float* __restrict__ partial_v, const int* __restrict__ partial
 
 // Pass 1 of a row (sample_threshold and beam_lse): M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t)
 // (online per thread, then the threads' sums rescaled to the block's max), n = the number of finite logits.
+// m_thread: this thread's own max (-inf if it saw no finite logit).
 template <int NT>
 __device__ void row_stats(const float* __restrict__ x, int V, float inv_t, float* red, float& M, float& mn, float& Z,
-                          float& n) {
+                          float& n, float& m_thread) {
     float m = -INFINITY, lo = INFINITY, s = 0.f, cnt = 0.f;
     auto visit = [&](float v, int) {
         if (v > -INFINITY) {
@@ -457,6 +466,43 @@ __device__ void row_stats(const float* __restrict__ x, int V, float inv_t, float
     block_sum<NT, 2>(t, red);
     Z = t[0];
     n = t[1];
+    m_thread = m;
+}
+
+// A lower bound for the k-th largest logit of the row (k <= KMAX), from the threads' own maxima and no pass over the
+// row: any k values taken from k different threads' maxima are k logits of the row, so the k-th largest of any set
+// of at least k thread maxima is at or below the row's k-th largest. The set: each warp's BOUND_PER_WARP largest
+// (4 rounds of a warp arg-max), ranked by BOUND_PER_WARP * NT / 32 threads against each other in shared memory.
+// It leaves only a few more than k logits at or above it (a NumPy mirror of this kernel's thread layout: 51 to 57
+// for k = 50 on rows of 32000 to 256000 normal logits), so one gather collects the top k.
+// scratch: BOUND_PER_WARP * NT / 32 floats.
+template <int NT>
+__device__ float kth_max_bound(float m_thread, int k, float* scratch, float* s_bound) {
+    constexpr int NS = BOUND_PER_WARP * (NT / 32);
+    static_assert(NS >= KMAX && NS <= NT, "the set must hold KMAX values and be ranked by one thread each");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float v = m_thread;
+#pragma unroll
+    for (int j = 0; j < BOUND_PER_WARP; ++j) {
+        float best = v;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, off));
+        if (lane == 0) scratch[warp * BOUND_PER_WARP + j] = best;
+        const unsigned holders = __ballot_sync(0xffffffffu, v == best);  // remove one copy: the lowest lane's
+        if (lane == __ffs(holders) - 1) v = -INFINITY;
+    }
+    __syncthreads();
+    if (threadIdx.x < NS) {  // the value of rank k - 1 (larger first, ties by position) is the bound
+        const float mine = scratch[threadIdx.x];
+        int rank = 0;
+        for (int j = 0; j < NS; ++j) {
+            const float o = scratch[j];
+            rank += (o > mine || (o == mine && j < (int)threadIdx.x)) ? 1 : 0;
+        }
+        if (rank == k - 1) *s_bound = mine;
+    }
+    __syncthreads();
+    return *s_bound;
 }
 
 // The search rounds: narrow [lo, hi] around the crossing logit, the first logit of the ranking at which the measure
@@ -510,8 +556,9 @@ __device__ void bracket(const float* __restrict__ x, int V, float M, float inv_t
     }
 }
 
-// Gather the logits in [lo, hi] (at most CAND_MAX) into shared memory and sort them in ranking order (bitonic, on the
-// next power of two); returns how many there are. Uniform across the block.
+// Gather the logits in [lo, hi] into shared memory and sort them in ranking order (bitonic, on the next power of two);
+// returns how many there are. More than CAND_MAX: returns that count, with CAND_MAX of them kept unsorted (the
+// caller narrows further). Uniform across the block.
 template <int NT>
 __device__ int gather_sort(const float* __restrict__ x, int V, float lo, float hi, float* cand_v, int* cand_i,
                            int* n_cand) {
@@ -525,7 +572,12 @@ __device__ int gather_sort(const float* __restrict__ x, int V, float lo, float h
     };
     for_each_logit<NT>(x, V, visit);
     __syncthreads();
-    const int nc = min(*n_cand, CAND_MAX);
+    const int total = *n_cand;
+    if (total > CAND_MAX) {
+        __syncthreads();  // every thread has read n_cand before a later gather resets it
+        return total;
+    }
+    const int nc = total;
     int sort_n = 2;
     while (sort_n < nc) sort_n <<= 1;
     for (int j = nc + threadIdx.x; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
@@ -562,7 +614,7 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
     __shared__ float w[KMAX];
     __shared__ int order[KMAX];
     __shared__ int n_cand, found, first_pos, s_r, s_n;
-    __shared__ float s_vstar, s_zp;
+    __shared__ float s_vstar, s_zp, s_bound;
     __shared__ float scan_g[NT / 32];
     __shared__ int scan_c[NT / 32];
     const long long row = blockIdx.x;
@@ -570,8 +622,8 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // ---- pass 1: max, smallest finite logit, softmax denominator ----
-    float M, mn, Z, n_finite;
-    row_stats<NT>(x, V, inv_t, red, M, mn, Z, n_finite);
+    float M, mn, Z, n_finite, m_thread;
+    row_stats<NT>(x, V, inv_t, red, M, mn, Z, n_finite, m_thread);
     if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
         if (tid == 0) tokens[row] = 0;
         if (probs != nullptr)
@@ -585,13 +637,19 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
     int r = 0;
     const int k = (float)top_k < n_finite ? top_k : 0;  // k >= the finite logits: every one of them is in the top k
     if (k > 0) {
-        // ---- top-k: bracket the k-th logit of the ranking by counts ----
-        float lo = mn, hi = M, above = 0.f, n_in = n_finite;
-        bracket<NT, true>(x, V, M, inv_t, (float)k, red, lo, hi, above, n_in);
-        // every logit >= lo fits: gather them all, the first k in ranking order are the top k; else (a run of equal
-        // logits at hi) gather the fewer than k logits > hi, and the rest of the top k are the first ties at hi
-        const bool all_in = above + n_in <= (float)CAND_MAX && lo < hi;
-        const int nc = gather_sort<NT>(x, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY, cand_v, cand_i, &n_cand);
+        // ---- top-k: gather every logit at or above a lower bound of the k-th; the first k sorted ARE the top k ----
+        float lo = fmaxf(kth_max_bound<NT>(m_thread, k, cand_v, &s_bound), mn), hi = M, above = 0.f;
+        int nc = gather_sort<NT>(x, V, lo, INFINITY, cand_v, cand_i, &n_cand);
+        bool all_in = nc <= CAND_MAX;
+        if (!all_in) {
+            // ---- more than CAND_MAX at or above the bound (a row of many equal logits): bracket the k-th logit
+            // by counts from there; then every logit >= lo fits, or (a run of equal logits at hi) gather the fewer
+            // than k logits > hi, and the rest of the top k are the first ties at hi ----
+            float n_in = (float)nc;
+            bracket<NT, true>(x, V, M, inv_t, (float)k, red, lo, hi, above, n_in);
+            all_in = above + n_in <= (float)CAND_MAX && lo < hi;
+            nc = gather_sort<NT>(x, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY, cand_v, cand_i, &n_cand);
+        }
         const int n_exact = all_in ? k : min(nc, k);
         // ---- top-k: softmax of the k, top-p within them ----
         if (tid < k) w[tid] = expf(((tid < n_exact ? cand_v[tid] : hi) - M) * inv_t);
@@ -1322,8 +1380,8 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 beam_lse(const float* __restrict__ logits, int V, float* __restrict__ lse) {
     __shared__ float red[64];
-    float M, mn, Z, n;
-    row_stats<SAMPLE_THREADS>(logits + (long long)blockIdx.x * V, V, 1.0f, red, M, mn, Z, n);
+    float M, mn, Z, n, m_thread;
+    row_stats<SAMPLE_THREADS>(logits + (long long)blockIdx.x * V, V, 1.0f, red, M, mn, Z, n, m_thread);
     if (threadIdx.x == 0) lse[blockIdx.x] = (M > -INFINITY && M < INFINITY) ? M + logf(Z) : M;
 }
 

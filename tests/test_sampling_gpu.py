@@ -345,6 +345,32 @@ def test_reorder_cache(gpu, poison):
     assert np.array_equal(out[0], cache[K - 1])
 
 
+@pytest.mark.parametrize("k", [1, 29, 30, 31, 50, 64])
+def test_top_k_bound_with_ties_at_the_kth(gpu, poison, k):
+    """sample_threshold's top-k starts from a lower bound of the k-th logit (kth_max_bound) and gathers every logit at
+    or above it. Rows built so that the k-th logit falls inside a run of equal logits: 30 distinct large logits, then
+    5000 zeros spread over the row (more than CAND_MAX at the bound: the count search takes over from the bound), or
+    1000 zeros (fewer: the gather alone, ties broken by index). The kept set must be exactly the reference's prefix
+    and the tokens its inverse-CDF draws."""
+    rng = np.random.default_rng(k)
+    rows = []
+    for zeros in (5000, 1000):
+        x = -1.0 - rng.random(12000)
+        pos = rng.permutation(12000)
+        x[pos[:30]] = 2.0 + rng.random(30)
+        x[pos[30:30 + zeros]] = 0.0
+        rows.append(x)
+    x = np.asarray(rows, np.float32)
+    for p in (1.0, 0.9):
+        tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=k, return_probs=True, cluster=0)
+        ref_probs = R.sampling_probs(x, 1.0, k, p)[0]
+        kept = probs.get() > 0
+        assert np.array_equal(kept, ref_probs > 0)
+        check_tokens(x, 1.0, kept, tokens.get(), k, 0)
+        plain = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=k, cluster=0).get()  # the draw among the gathered
+        check_tokens(x, 1.0, kept, plain, k, 0)
+
+
 @pytest.mark.parametrize("cluster", [None, 0])
 def test_small_all_kernels(gpu, poison, cluster):
     """A small slice of every kernel (the compute-sanitizer runs this one); cluster=None: the automatic choice
