@@ -36,6 +36,7 @@ from . import decode_split  # noqa: E402,F401
 from . import decode_append  # noqa: E402,F401
 from . import sampling  # noqa: E402,F401
 from . import varlen  # noqa: E402,F401
+from . import hopper_gemm  # noqa: E402,F401  (Hopper: TMA + wgmma, built for sm_90a; a GEMM, no attention yet)
 from . import timing  # noqa: E402,F401  (timing.cu: the hold and L2-flush kernels of the timing helper)
 
 __all__ = [

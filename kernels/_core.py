@@ -229,18 +229,100 @@ def defines_from(**constants) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
+def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = (),
+                arch: str | None = None):
     """Compile kernels/<filename> with NVRTC through CuPy, once per process, and return the RawModule.
 
     `defines` are extra "-DNAME=VALUE" (or -I) options; `name_expressions` list template instantiations
     (for example "flash_fwd<64>") that the caller will fetch with module.get_function.
+    `arch` (for example "sm_90a") compiles for that architecture instead of CuPy's choice for the current GPU: the
+    CUBIN of compile_cubin, cached on disk, loaded with RawModule(path=...); extern "C" kernels only.
     """
     require_gpu()
     source = kernel_path(filename).read_text()
     options = NVRTC_OPTIONS + tuple(defines)
+    if arch is not None:
+        if name_expressions:
+            raise ValueError(f"{filename}: a build for arch={arch!r} loads extern \"C\" kernels only "
+                             f"(no name_expressions)")
+        return cp.RawModule(path=os.fspath(_cached_cubin(filename, source, arch, options)))
     module = cp.RawModule(code=source, options=options, name_expressions=name_expressions or None)
     module.compile()
     return module
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel file; the message holds NVRTC's log."""
+
+
+def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> tuple[bytes, str]:
+    """(CUBIN, NVRTC's log) of CUDA `source` compiled with NVRTC for the one real architecture `arch` ("sm_90a").
+
+    For kernels that need an architecture-specific target, such as Hopper's wgmma and setmaxnreg (sm_90a): CuPy's
+    RawModule puts its own -arch for the current GPU after the caller's options, so such a file is compiled here and
+    CuPy loads the CUBIN (load_module(..., arch=...)). NVRTC is CuPy's own where CuPy is installed, and otherwise the
+    cuda-bindings wheel's (the CPU compile tests): no GPU is needed to compile. Raises CompileError with the log.
+    """
+    opts = [f"--gpu-architecture={arch}", *options]
+    if cp is not None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        prog = nvrtc.createProgram(source, name, (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, opts)
+            except nvrtc.NVRTCError as e:
+                raise CompileError(f"{name} ({arch}) does not compile:\n{nvrtc.getProgramLog(prog)}") from e
+            return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog).strip("\x00 \n")
+        finally:
+            nvrtc.destroyProgram(prog)
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{name}: nvrtcCreateProgram failed: {err}")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log = log.decode(errors="replace").strip("\x00 \n")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"{name} ({arch}) does not compile:\n{log}")
+        _, size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _nvrtc_version() -> str:
+    if cp is not None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        return "cupy-nvrtc-%d.%d" % nvrtc.getVersion()
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"cuda-bindings-nvrtc-{major}.{minor}"
+
+
+def _cached_cubin(filename: str, source: str, arch: str, options: tuple) -> Path:
+    """The CUBIN of kernels/<filename> for `arch`, compiled once and kept in CuPy's kernel cache directory
+    ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) under a hash of the source, options, arch and NVRTC version."""
+    import hashlib
+
+    key = hashlib.sha256("\0".join((source, arch, *options, _nvrtc_version())).encode()).hexdigest()[:20]
+    cache = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()
+    path = cache / f"{Path(filename).stem}_{arch}_{key}.cubin"
+    if not path.is_file():
+        cubin, _ = compile_cubin(source, filename, arch, options)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: another process never reads half a file
+    return path
 
 
 class Kernel:
@@ -258,11 +340,11 @@ class Kernel:
     of the constant arguments.
     """
 
-    __slots__ = ("filename", "name", "name_expressions", "defines", "shared_mem", "carveout", "_fn", "_raw")
+    __slots__ = ("filename", "name", "name_expressions", "defines", "shared_mem", "carveout", "arch", "_fn", "_raw")
 
     def __init__(self, filename: str, name: str, *, name_expressions: tuple = (), defines: tuple = (),
-                 shared_mem: int = 0, carveout: int | None = None):
-        self.filename, self.name = filename, name
+                 shared_mem: int = 0, carveout: int | None = None, arch: str | None = None):
+        self.filename, self.name, self.arch = filename, name, arch  # arch: see load_module
         self.name_expressions, self.defines = tuple(name_expressions), tuple(defines)
         self.shared_mem, self.carveout = int(shared_mem), carveout
         self._fn: dict = {}  # device id -> cupy.cuda.Function
@@ -270,7 +352,9 @@ class Kernel:
 
     def _configure(self, dev: int):
         check_shared_memory(self.shared_mem, f"{self.filename}:{self.name}", dev)  # before compiling anything
-        raw = load_module(self.filename, self.name_expressions, self.defines).get_function(self.name)
+        module = load_module(self.filename, self.name_expressions, self.defines) if self.arch is None else \
+            load_module(self.filename, self.name_expressions, self.defines, self.arch)
+        raw = module.get_function(self.name)
         # Past the default limit a block must opt in, and the limit counts static shared memory too: a kernel with
         # 48 KB of dynamic and any static shared memory needs the attribute. So set it whenever the static part plus
         # the dynamic part passes the limit.
@@ -447,10 +531,10 @@ class Launch:
 
 @functools.lru_cache(maxsize=None)
 def get_kernel(filename: str, name: str, *, name_expressions: tuple = (), defines: tuple = (),
-               shared_mem: int = 0, carveout: int | None = None) -> Kernel:
-    """The Kernel `name` of kernels/<filename> (one object per build; see Kernel)."""
+               shared_mem: int = 0, carveout: int | None = None, arch: str | None = None) -> Kernel:
+    """The Kernel `name` of kernels/<filename> (one object per build; see Kernel; arch: see load_module)."""
     return Kernel(filename, name, name_expressions=name_expressions, defines=defines, shared_mem=shared_mem,
-                  carveout=carveout)
+                  carveout=carveout, arch=arch)
 
 
 def kernel_source(filename: str, name: str | None = None) -> str:
