@@ -23,12 +23,35 @@
 //     wait  empty[s]            (slot s is free)        wait full[s]           (A and B of kb have landed)
 //     expect full[s] += STAGE_BYTES                     4 x wgmma 64x256x16    (K = 64 = 4 steps of 16)
 //     TMA   A[b, tile rows, kb] -> slot s (sA)          wait for the wgmmas, then arrive on empty[s]
-//     TMA   B[b, tile cols, kb] -> slot s (sB)        write the 64 x 256 float32 accumulators to C (guarded)
-//     s = s + 1 mod STAGES
+//     TMA   B[b, tile cols, kb] -> slot s (sB)        epilogue, per chunk of 64 (float32) or 128 (16-bit) columns:
+//     s = s + 1 mod STAGES                                named barrier (the warpgroup's 128 threads)
+//                                                         accumulators -> the warpgroup's staging buffer (swizzled)
+//                                                         named barrier
+//                                                         buffer -> C, 16 bytes a thread, whole rows a warp (guarded)
 //
 //   The ring has STAGES slots; the producer runs up to STAGES k-blocks ahead, across tile boundaries too, so the
 //   loads of the next tile overlap the consumers' epilogue of this one (with K = 64 a tile is a single k-block, and
-//   writing C is most of the work).
+//   writing C is most of the work). That is why the epilogue has buffers of its own rather than borrowing a slot.
+//
+// The epilogue (store_tile)
+//   wgmma leaves each thread pairs of neighbouring columns in 2 x 8 rows (layout below). Stored from there, a warp
+//   instruction writes 8 rows x 4 pairs: 8-byte (float32) or 4-byte (16-bit) pieces, so the 32-byte sectors of C are
+//   written in halves and quarters over several instructions. Instead each consumer warpgroup passes its 64 x 256
+//   tile through a 16 KB shared-memory buffer of 64 rows x 256 bytes, one column chunk at a time (4 chunks of 64
+//   float32 or 2 of 128 16-bit columns, rounded to C's type on the way in), and copies each chunk out in 16-byte
+//   pieces: lane l of warp w reads piece l % 16 of chunk row 2 w + l / 16 (+ 8, 16, ... 56), so a warp writes two
+//   whole 256-byte row segments of C per instruction. Only the warpgroup's own 128 threads synchronise, on named
+//   barrier 1 + (consumer index) (`bar.sync id, 128`): the other warpgroup and the producer do not wait.
+//   C's rows start every N elements, so 16-byte stores are aligned only when N * sizeof(C) % 16 == 0; otherwise (and
+//   never past column N or row M) the pieces are written element by element.
+//   Buffer swizzle, in units of 8 columns (one accumulator quadruple d[4i .. 4i+3] spans 8 columns of two rows):
+//
+//       chunk row r:  group q stored at group position q ^ (r % 8)   (32-byte groups for float32, 16-byte for 16-bit)
+//
+//   A warp's write covers one group of 8 rows r % 8 = 0..7, 256 bytes apart: unswizzled they would fall on the same
+//   8 banks (float32) or 4 (16-bit), an 8-way conflict; swizzled they take 2 wavefronts for 256 bytes (float32) or 1
+//   for 128 (16-bit), the least possible. A half-warp reading one row's 16 pieces gets a permutation of them: 4
+//   wavefronts for a warp's 512 bytes, again the least possible.
 //
 // mbarriers and their phases
 //   An mbarrier counts arrivals (and, for TMA, bytes). When the expected count is reached its phase completes and
@@ -38,7 +61,8 @@
 //   full[s] for parity `phase`; the producer waits empty[s] for parity `phase ^ 1`, which a fresh barrier reports
 //   as already complete, so the first pass through the ring does not wait.
 //
-// Shared memory: STAGES slots of [sA: BLOCK_M x 64][sB: BLOCK_N x 64] 16-bit elements, each row 128 bytes
+// Shared memory: STAGES slots of [sA: BLOCK_M x 64][sB: BLOCK_N x 64] 16-bit elements, each row 128 bytes (dynamic),
+// plus one 64 x 256-byte epilogue staging buffer per consumer warpgroup and the mbarriers (static)
 //
 //   128-byte swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with swizzle mode 1):
 //   a row of 64 elements is eight 16-byte chunks; in row r, chunk c is stored at chunk position c ^ (r % 8).
@@ -67,6 +91,9 @@
 //   grid  = min(number of tiles, number of SMs), tiles = batch * ceil(M / BLOCK_M) * ceil(N / BLOCK_N), N fastest
 //   block = 128 * (1 + BLOCK_M / 64) = 384 threads: warpgroup 0 the producer, warpgroups 1, 2 the consumers
 //   dynamic shared memory = STAGES * (BLOCK_M + BLOCK_N) * BLOCK_K * 2 + 1024 (alignment slack) = 197632 bytes
+//   static shared memory  = 2 x 64 x 256 (epilogue staging) + 2 * STAGES * 8 (mbarriers, padded to 128) = 32896 bytes
+//   in all 230528 bytes of the 232448 (227 KB) a block may have, 1920 to spare (static_assert). (cuobjdump -res-usage
+//   reports SHARED:33920: it adds the 1 KB the system reserves per block, which lies outside those 227 KB.)
 //   registers: __launch_bounds__(384, 1) gives 168 per thread; setmaxnreg moves them from the producer warpgroup
 //   (down to 40) to the consumers (up to 232), which hold 128 float32 accumulators each.
 //   The two CUtensorMaps (A and B, built on the host with cuTensorMapEncodeTiled, 128 bytes each) are kernel
@@ -84,8 +111,9 @@
 //   16-bit products, float32 sums in the tensor cores' own order; a 16-bit C is rounded once (round to nearest).
 //
 // What comes next
-//   Epilogue through shared memory and a TMA store; two consumer warpgroups taking turns (ping-pong) so that one's
-//   epilogue hides under the other's wgmmas; thread-block clusters that multicast the shared B tile.
+//   A TMA store of the staged chunks (cp.async.bulk.tensor from shared memory, issued by one thread, the threads free
+//   to stage the next chunk meanwhile); two consumer warpgroups taking turns (ping-pong) so that one's epilogue hides
+//   under the other's wgmmas; thread-block clusters that multicast the shared B tile.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -121,6 +149,15 @@ constexpr int B_TILE_BYTES = BLOCK_N * ROW_BYTES;
 constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;    // bytes TMA delivers per k-block (full boxes, OOB too)
 constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // tiles start on a swizzle-atom boundary (1024 bytes)
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (kernels/hopper_gemm.py)
+constexpr int EPI_ROW_BYTES = 256;                          // epilogue chunk row: 64 float32 or 128 16-bit columns
+constexpr int EPI_BYTES = WGMMA_M * EPI_ROW_BYTES;          // a consumer warpgroup's staging buffer: 64 rows, 16 KB
+constexpr int EPI_ALIGN = 128;                              // the staging buffers' alignment (16 for the vectors)
+constexpr int VEC_BYTES = 16;                               // epilogue: one shared-memory read, one store to C
+constexpr int EPI_ROW_VECS = EPI_ROW_BYTES / VEC_BYTES;     // 16-byte pieces per chunk row (16: half a warp)
+constexpr int EPI_PASS_ROWS = WARPGROUP / EPI_ROW_VECS;     // chunk rows the warpgroup copies per pass (8)
+constexpr int EPI_BARRIER = 1;                              // consumer cw syncs on named barrier 1 + cw
+constexpr int STATIC_SMEM_BYTES = CONSUMERS * EPI_BYTES + EPI_ALIGN;  // staging buffers + mbarriers (2 STAGES x 8 B)
+constexpr int SMEM_LIMIT = 227 * 1024;                      // static + dynamic shared memory a block may have (Hopper)
 constexpr int PRODUCER_REGS = 40;                           // setmaxnreg: the producer warpgroup gives registers up
 constexpr int CONSUMER_REGS = 232;                          // ... and the consumers take them
 constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;        // what __launch_bounds__(THREADS, 1) leaves: 168
@@ -130,7 +167,12 @@ static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows (setmaxnreg's 
 static_assert(BLOCK_N == 256, "the wgmma below is m64n256k16");
 static_assert(BLOCK_K % WGMMA_K == 0 && ACC == BLOCK_N / 2, "a k-block is whole k-steps; 64 x N float32 per warpgroup");
 static_assert(STAGES >= 2 && STAGES <= 8, "the ring needs 2..8 slots");
-static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit in the 227 KB of shared memory a block may have on Hopper");
+static_assert(SMEM_BYTES + STATIC_SMEM_BYTES <= SMEM_LIMIT,
+              "the ring and the staging buffers must fit in the 227 KB of shared memory a block may have on Hopper");
+static_assert(2 * STAGES * 8 <= EPI_ALIGN, "STATIC_SMEM_BYTES counts the mbarriers within the buffers' alignment");
+static_assert(32 % EPI_ROW_VECS == 0 && WGMMA_M % EPI_PASS_ROWS == 0 && EPI_PASS_ROWS == 8,
+              "epilogue: a warp copies whole chunk rows; a pass covers 8 rows, the period of the staging swizzle");
+static_assert(EPI_BARRIER >= 1 && EPI_BARRIER + CONSUMERS <= 16, "named barriers are 0..15; 0 is __syncthreads'");
 static_assert(STAGE_BYTES % SMEM_ALIGN == 0 && A_TILE_BYTES % SMEM_ALIGN == 0 &&
               (WGMMA_M * ROW_BYTES) % SMEM_ALIGN == 0, "every tile must start on a 1024-byte boundary");
 static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 && CONSUMER_REGS <= 256,
@@ -185,6 +227,12 @@ DEVICE void prefetch_tensor_map(const TensorMap& map) {
 // setmaxnreg: all threads of a warpgroup change their register allocation together.
 template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Named barrier `id` (1..15; 0 is __syncthreads') for COUNT threads, whole warps: here a warpgroup's own 128, so the
+// rest of the block runs on. Like __syncthreads it also orders the shared-memory accesses of the threads taking part.
+template <int COUNT> DEVICE void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
+}
 
 // wgmma bookkeeping: fence (registers written by ordinary instructions are visible to the next wgmma), commit the
 // wgmmas issued so far as one group, wait until at most N groups are still running.
@@ -242,37 +290,88 @@ DEVICE void wgmma_64x256x16(float (&d)[ACC], u64 desc_a, u64 desc_b, int accumul
     }
 }
 
-// float32 -> 16 bits, round to nearest even (cvt packs the first source into the upper half).
+// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even (cvt packs its first
+// source into the upper half).
 template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
     u32 r;
     if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-template <bool BF16> DEVICE u16 pack1(float x) {
-    u16 r;
-    if constexpr (BF16) asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
-    else asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
-    return r;
-}
 
-// Two neighbouring outputs (row, col) and (row, col + 1): one vector store where both exist and the address is
-// aligned (N even), else each alone where it exists.
+// The epilogue (see the header): one consumer warpgroup's 64 x 256 accumulator tile -> C through its staging buffer
+// buf, in chunks of EPI_ROW_BYTES per row (64 float32 or 128 16-bit columns: 4 or 2 chunks). For each chunk:
+//   1. barrier   the warpgroup has finished reading the previous chunk out of the buffer
+//   2. write     each thread its pairs (row 16 w + g (+ 8), columns 8 i + 2 t, + 1) into the buffer; the 8-column
+//                group q of chunk row r goes to group position q ^ (r % 8)
+//   3. barrier   the whole chunk is in the buffer
+//   4. copy      16-byte pieces of the buffer to C: lane l of warp w takes piece l % 16 of row 2 w + l / 16 (+ 8 p),
+//                so each warp writes whole 256-byte row segments of C, guarded for rows >= M and columns >= N
+// row0, col0: the warpgroup's first row and column of C[b]; barrier: its named barrier.
 template <bool BF16, bool OUT16>
-DEVICE void store_pair(void* c, long long idx, float x, float y, bool second, bool vector) {
-    if constexpr (OUT16) {
-        u16* p = static_cast<u16*>(c) + idx;
-        if (second && vector) *reinterpret_cast<u32*>(p) = pack2<BF16>(x, y);
-        else {
-            p[0] = pack1<BF16>(x);
-            if (second) p[1] = pack1<BF16>(y);
+DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, void* c, int M, int N, int b,
+                       int row0, int col0, int warp, int lane) {
+    constexpr int OUT_BYTES = OUT16 ? 2 : 4;
+    constexpr int GROUP_BYTES = 8 * OUT_BYTES;                     // 8 columns: one accumulator quadruple's span
+    constexpr int CHUNK_COLS = EPI_ROW_BYTES / OUT_BYTES;          // columns per staged chunk
+    constexpr int CHUNK_GROUPS = CHUNK_COLS / 8;
+    constexpr int VEC = VEC_BYTES / OUT_BYTES;                     // columns per 16-byte piece
+    constexpr int PASSES = WGMMA_M / EPI_PASS_ROWS;                // step 4 covers the chunk in 8 passes of 8 rows
+    static_assert(CHUNK_GROUPS >= 8 && WGMMA_N % CHUNK_COLS == 0, "the XOR with r % 8 stays inside a chunk row");
+
+    // step 2's place: row 16 w + g (+ 8) of the chunk, bytes t * 2 * OUT_BYTES of each column group
+    const int g = lane / 4, t = lane % 4;
+    unsigned char* const wr = buf + (16 * warp + g) * EPI_ROW_BYTES + t * 2 * OUT_BYTES;
+    // step 4's place: piece v of row r (then r + 8, r + 16, ...); r % 8 is the same in every pass
+    const int r = 2 * warp + lane / EPI_ROW_VECS, v = lane % EPI_ROW_VECS;
+    const unsigned char* const rd = buf + r * EPI_ROW_BYTES + (v ^ (r % 8) * (GROUP_BYTES / VEC_BYTES)) * VEC_BYTES;
+    // C rows start at multiples of N elements: 16-byte stores are aligned only if a row is a whole number of pieces
+    const bool vector = N % VEC == 0;
+    const long long row_stride = static_cast<long long>(N) * OUT_BYTES;
+    unsigned char* const out = static_cast<unsigned char*>(c) + (static_cast<long long>(b) * M + row0 + r) * row_stride;
+    const int rows_left = M - row0 - r;                           // pass p writes row r + 8 p if 8 p < rows_left
+
+#pragma unroll
+    for (int chunk = 0; chunk < WGMMA_N / CHUNK_COLS; ++chunk) {
+        named_barrier_sync<WARPGROUP>(barrier);                   // 1. the buffer is free again
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {                             // 2. registers -> buffer
+#pragma unroll
+            for (int q = 0; q < CHUNK_GROUPS; ++q) {
+                const int i = chunk * CHUNK_GROUPS + q;
+                unsigned char* p = wr + h * 8 * EPI_ROW_BYTES + (q ^ g) * GROUP_BYTES;  // (16 w + g + 8 h) % 8 = g
+                if constexpr (OUT16)
+                    *reinterpret_cast<u32*>(p) = pack2<BF16>(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+                else
+                    *reinterpret_cast<float2*>(p) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+            }
         }
-    } else {
-        float* p = static_cast<float*>(c) + idx;
-        if (second && vector) *reinterpret_cast<float2*>(p) = make_float2(x, y);
-        else {
-            p[0] = x;
-            if (second) p[1] = y;
+        named_barrier_sync<WARPGROUP>(barrier);                   // 3. the chunk is complete
+        const int col = col0 + chunk * CHUNK_COLS + v * VEC;      // 4. buffer -> C
+        if (col < N) {
+            uint4 x[PASSES];                                      // all reads first: their latencies overlap
+#pragma unroll
+            for (int pass = 0; pass < PASSES; ++pass)
+                x[pass] = *reinterpret_cast<const uint4*>(rd + pass * EPI_PASS_ROWS * EPI_ROW_BYTES);
+            unsigned char* const dst = out + static_cast<long long>(col) * OUT_BYTES;
+#pragma unroll
+            for (int pass = 0; pass < PASSES; ++pass) {
+                if (pass * EPI_PASS_ROWS >= rows_left) break;
+                unsigned char* const p = dst + pass * EPI_PASS_ROWS * row_stride;
+                if (vector) {                                     // col + VEC <= N: N and col are multiples of VEC
+                    *reinterpret_cast<uint4*>(p) = x[pass];
+                } else {                                          // misaligned rows or the ragged edge: one by one
+                    const u32 w[4] = {x[pass].x, x[pass].y, x[pass].z, x[pass].w};
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        if (col + e >= N) break;
+                        if constexpr (OUT16)
+                            reinterpret_cast<u16*>(p)[e] = static_cast<u16>(w[e / 2] >> (16 * (e % 2)));
+                        else
+                            reinterpret_cast<u32*>(p)[e] = w[e];
+                    }
+                }
+            }
         }
     }
 }
@@ -288,6 +387,7 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
     extern __shared__ unsigned char smem_raw[];
     __shared__ alignas(8) u64 full_bar[STAGES];   // "slot s holds k-block data": TMA's bytes have landed
     __shared__ alignas(8) u64 empty_bar[STAGES];  // "slot s may be overwritten": every consumer warp is done with it
+    __shared__ alignas(EPI_ALIGN) unsigned char epi_buf[CONSUMERS][EPI_BYTES];  // a staging buffer per consumer
 
     // ---- set-up: align the ring, initialise the barriers -------------------------------------------------
     const u32 ring = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
@@ -355,23 +455,9 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
 
-            // ---- epilogue: accumulators -> C, guarded at the edges (see the layout in the header) ---------------
-            const int row0 = tm * BLOCK_M + cw * WGMMA_M + warp * 16 + lane / 4;
-            const int col0 = tn * BLOCK_N + 2 * (lane % 4);
-            const bool vector = (N % 2) == 0;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = row0 + 8 * half;
-                if (row >= M) continue;
-                const long long base = (static_cast<long long>(b) * M + row) * N;
-#pragma unroll
-                for (int i = 0; i < WGMMA_N / 8; ++i) {
-                    const int col = col0 + 8 * i;
-                    if (col < N)
-                        store_pair<BF16, OUT16>(c, base + col, d[4 * i + 2 * half], d[4 * i + 2 * half + 1],
-                                                col + 1 < N, vector);
-                }
-            }
+            // ---- epilogue: accumulators -> staging buffer -> C in whole rows (store_tile above) ----------------
+            store_tile<BF16, OUT16>(d, epi_buf[cw], EPI_BARRIER + cw, c, M, N, b, tm * BLOCK_M + cw * WGMMA_M,
+                                    tn * BLOCK_N, warp, lane);
         }
     }
 #else

@@ -1,9 +1,9 @@
 """kernels/hopper_gemm.py on a Hopper GPU: C = A B^T (wgmma + TMA) against a float64 NumPy product.
 
 Shapes include tiles cut by every edge (M, N, K not multiples of 128, 256, 64), K over many ring passes, more tiles
-than SMs (the persistent loop), odd N (scalar stores) and 2-D and 4-D inputs. Outputs are poisoned with NaN first, so an
-element the kernel does not write fails the check. Error paths run on any GPU; the products need compute
-capability 9.x and are skipped elsewhere with the reason.
+than SMs (the persistent loop), N whose C rows are not 16-byte aligned (the epilogue's element-by-element stores) and
+2-D and 4-D inputs. Outputs are poisoned with NaN first, so an element the kernel does not write fails the check.
+Error paths run on any GPU; the products need compute capability 9.x and are skipped elsewhere with the reason.
 """
 
 import dataclasses
@@ -25,7 +25,9 @@ SHAPES = [
     ((3,), 300, 520, 200),     # 3 x 3 tiles per entry, K ragged over 4 k-blocks
     ((1,), 64, 96, 1024),      # 16 k-blocks: the 4-slot ring wraps four times (mbarrier phases flip)
     ((2, 3), 257, 129, 128),   # 4-D (B, H, T, d) input, as attention's q and k
-    ((1,), 33, 77, 40),        # odd N: the stores that cannot be paired
+    ((1,), 33, 77, 40),        # odd N: C rows not 16-byte aligned, element-by-element stores
+    ((2,), 72, 260, 64),       # N % 8 == 4: 16-byte stores for float32 C (ragged second tile), not for 16-bit C
+    ((1,), 100, 4, 16),        # N = 4: one 16-byte piece per float32 row; 16-bit rows 8 bytes apart
     ((8,), 1024, 1024, 64),    # 256 tiles: more than one per SM, the persistent loop
 ]
 
