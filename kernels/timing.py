@@ -156,18 +156,19 @@ def benchmark(fn, *, batch: int | None = None, batches: int = 5, calls: int = 10
     for _ in range(batches):
         for attempt in range(3):
             stream.synchronize()
+            t0 = time.perf_counter()  # before the hold's launch: a host stall there eats into the hold too
             hold_gpu(hold_ns)
             start.record(stream)
-            t0 = time.perf_counter()
             for _ in range(batch):
                 fn()
             queued_ns = (time.perf_counter() - t0) * 1e9
             end.record(stream)
             end.synchronize()
-            if queued_ns < 0.8 * hold_ns or hold_ns >= MAX_HOLD_NS:
+            waited = queued_ns >= 0.8 * hold_ns  # judged against the hold this batch ran behind
+            if not waited or hold_ns >= MAX_HOLD_NS or attempt == 2:
                 break
             hold_ns = min(4 * hold_ns, MAX_HOLD_NS)
-        host_bound |= queued_ns >= 0.8 * hold_ns
+        host_bound |= waited
         kernel.append(_elapsed(start, end) / batch)
 
     # Cold L2: each call alone, after a write of twice the L2 and a short hold (outside the events).
