@@ -70,15 +70,25 @@ def cuobjdump(cubin):
     tool = _tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump, or a CUDA toolkit)")
-    probe = subprocess.run([tool, "-elf", str(cubin)], capture_output=True, text=True)
+    probe = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=_env(tool))
     if probe.returncode != 0 and "does not contain device code" in probe.stderr:  # a toolkit older than the NVRTC
         pytest.skip(f"{tool} cannot read a CUBIN of this NVRTC (an older CUDA's cuobjdump); "
                     f"pip install nvidia-cuda-cuobjdump for one that matches")
+    if probe.returncode != 0 and "nvdisasm" in probe.stderr:  # cuobjdump -sass runs nvdisasm
+        pytest.skip(f"{tool} needs nvdisasm beside it or on the PATH (pip install nvidia-cuda-nvdisasm)")
     return tool
 
 
+def _env(tool):
+    """The environment for a CUDA binary utility: its own directory first on the PATH, where cuobjdump finds the
+    nvdisasm it runs for -sass (the nvidia-cuda-nvdisasm wheel installs both into nvidia/cu13/bin)."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(tool).parent), env.get("PATH", "")])
+    return env
+
+
 def _run(*cmd):
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cmd[0]))
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     return res.stdout
 
