@@ -19,7 +19,8 @@ from ._core import (
     load_module,
 )
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
-from .registry import DECODE_REGISTRY, REGISTRY, DecodeVariant, Variant, register, register_decode
+from .registry import (DECODE_REGISTRY, REGISTRY, STAGING, DecodeVariant, Variant, register, register_decode,
+                       tested_variants)
 from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table, host_overhead_us
 
 # Every launcher module: importing one registers its attention variants. tests/test_project.py fails when a
@@ -36,11 +37,13 @@ from . import decode_split  # noqa: E402,F401
 from . import decode_append  # noqa: E402,F401
 from . import sampling  # noqa: E402,F401
 from . import varlen  # noqa: E402,F401
-from . import hopper_gemm  # noqa: E402,F401  (Hopper: TMA + wgmma, built for sm_90a; a GEMM, no attention yet)
+from . import hopper_gemm  # noqa: E402,F401  (Hopper: TMA + wgmma, built for sm_90a; a GEMM)
+from . import hopper_attn  # noqa: E402,F401  (Hopper: FlashAttention-3-style forward on TMA + wgmma)
 from . import timing  # noqa: E402,F401  (timing.cu: the hold and L2-flush kernels of the timing helper)
 
 __all__ = [
-    "REGISTRY", "Variant", "register", "DECODE_REGISTRY", "DecodeVariant", "register_decode",
+    "REGISTRY", "STAGING", "tested_variants", "Variant", "register",
+    "DECODE_REGISTRY", "DecodeVariant", "register_decode",
     "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
     "benchmark", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
     "kernel_source", "kernel_steps", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",

@@ -202,7 +202,7 @@ def run_llmc(dtypes=LLMC_DTYPES, variants=None, log=print) -> list[dict]:
         _time_peers(rows, "llmc", dtype, shape, True, q, k, v, SDPA_BACKENDS, log)
         for name in variants or sorted(REGISTRY):
             var = REGISTRY[name]
-            if dtype in var.dtypes and d <= var.max_d:
+            if dtype in var.dtypes and var.accepts_d(d):
                 _time_ours(rows, "llmc", name, dtype, shape, True, q, k, v, log)
     return _add_ratios(rows)
 
@@ -219,7 +219,7 @@ def run_long(T_values=LONG["T"], d_values=LONG["d"], causal_values=LONG["causal"
         q, k, v = _inputs(B, H, T, d, dtype, seed=3)
         _time_peers(rows, "long", dtype, shape, causal, q, k, v, peers, log)
         for name in names:
-            if d <= REGISTRY[name].max_d:
+            if REGISTRY[name].accepts_d(d):
                 _time_ours(rows, "long", name, dtype, shape, causal, q, k, v, log)
         del q, k, v
         cp.get_default_memory_pool().free_all_blocks()

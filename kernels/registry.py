@@ -21,6 +21,7 @@ class Variant:
     dtypes: tuple  # input dtypes it accepts, e.g. ("float32",)
     notebook: str  # the notebook that teaches it, e.g. "01_naive_cuda"
     max_d: int  # largest head dimension accepted
+    head_dims: tuple | None = None  # the head dimensions accepted, where not every d <= max_d is (e.g. (64, 128))
     has_lse: bool = False  # accepts return_lse=True
     min_cc: tuple = DEFAULT_MIN_CC
     precision: str | None = None  # tolerance class if not the dtype's own (e.g. "tf32")
@@ -32,15 +33,29 @@ class Variant:
 
         return self.precision or np.dtype(dtype).name
 
+    def accepts_d(self, d: int) -> bool:
+        """Whether forward() takes head dimension d (tests and benchmarks skip the others)."""
+        return d <= self.max_d and (self.head_dims is None or d in self.head_dims)
+
 
 REGISTRY: dict[str, Variant] = {}
 
+# Variants being tuned: tested exactly like the others (the GPU tests loop over tested_variants()), but not yet part
+# of the benchmark suite and its tables (kernels.bench and notebook 07 loop over REGISTRY only). A kernel moves to
+# REGISTRY when it is done, and notebook 07 is re-run with it.
+STAGING: dict[str, Variant] = {}
 
-def register(variant: Variant) -> Variant:
-    if variant.name in REGISTRY:
+
+def register(variant: Variant, *, staging: bool = False) -> Variant:
+    if variant.name in REGISTRY or variant.name in STAGING:
         raise ValueError(f"attention variant {variant.name!r} is registered twice")
-    REGISTRY[variant.name] = variant
+    (STAGING if staging else REGISTRY)[variant.name] = variant
     return variant
+
+
+def tested_variants() -> dict[str, Variant]:
+    """Every attention variant the tests check: REGISTRY and STAGING."""
+    return {**REGISTRY, **STAGING}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -16,20 +16,36 @@ import reference as R
 
 T_VALUES = [1, 7, 32, 33, 100, 257, 1024]
 D_VALUES = [16, 32, 64, 128]
-VARIANTS = sorted(kernels.REGISTRY)
+VARIANTS_BY_NAME = kernels.tested_variants()  # REGISTRY and STAGING
+VARIANTS = sorted(VARIANTS_BY_NAME)
+
+
+def _head_dim(v, preferred):
+    """preferred if the variant takes it, else the nearest head dimension it does take (Variant.head_dims)."""
+    if v.accepts_d(preferred):
+        return preferred
+    return min(v.head_dims, key=lambda d: (abs(d - preferred), d))
+
+
+def _skip_older_gpu(v):
+    """A variant built for a newer GPU than this one (Variant.min_cc, e.g. Hopper's sm_90a) is skipped, not failed;
+    tests/test_errors_gpu.py checks that it raises a clear error there."""
+    cc = kernels.device_compute_capability()
+    if cc < tuple(v.min_cc):
+        pytest.skip(f"{v.name} needs compute capability >= {v.min_cc[0]}.{v.min_cc[1]}; this GPU has {cc[0]}.{cc[1]}")
 
 
 def _cases():
     for name, T, d, causal in itertools.product(VARIANTS, T_VALUES, D_VALUES, [False, True]):
-        v = kernels.REGISTRY[name]
-        if d > v.max_d:
+        v = VARIANTS_BY_NAME[name]
+        if not v.accepts_d(d):
             continue
         for dtype in v.dtypes:
             yield pytest.param(name, dtype, T, T, d, causal, 1.0, id=f"{name}-{dtype}-T{T}-d{d}-{'causal' if causal else 'full'}")
     # ragged query/key lengths, decoding and large magnitudes
     for name in VARIANTS:
-        v = kernels.REGISTRY[name]
-        d = min(64, v.max_d)
+        v = VARIANTS_BY_NAME[name]
+        d = _head_dim(v, min(64, v.max_d))
         for (Tq, Tk), causal, mag in itertools.product([(1, 257), (7, 100), (100, 7), (33, 1024)], [False, True], [1.0, 10.0]):
             for dtype in v.dtypes:
                 yield pytest.param(name, dtype, Tq, Tk, d, causal, mag,
@@ -45,7 +61,8 @@ def _inputs(cp, dtype, Tq, Tk, d, mag, seed):
 @pytest.mark.parametrize("name,dtype,Tq,Tk,d,causal,mag", list(_cases()))
 def test_variant_matches_reference(gpu, poison, name, dtype, Tq, Tk, d, causal, mag):
     cp = gpu
-    variant = kernels.REGISTRY[name]
+    variant = VARIANTS_BY_NAME[name]
+    _skip_older_gpu(variant)
     host, dev = _inputs(cp, dtype, Tq, Tk, d, mag, seed=Tq * 1000 + Tk + d)
     # the reference sees exactly the values the GPU sees (after rounding to the kernel's dtype)
     host = [x.get().astype(np.float64) for x in dev]
@@ -67,9 +84,10 @@ def test_variant_matches_reference(gpu, poison, name, dtype, Tq, Tk, d, causal, 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_explicit_scale(gpu, poison, name):
     cp = gpu
-    variant = kernels.REGISTRY[name]
+    variant = VARIANTS_BY_NAME[name]
+    _skip_older_gpu(variant)
     dtype = variant.dtypes[0]
-    _, dev = _inputs(cp, dtype, 45, 45, 32, 1.0, seed=11)
+    _, dev = _inputs(cp, dtype, 45, 45, _head_dim(variant, 32), 1.0, seed=11)
     host = [x.get().astype(np.float64) for x in dev]
     o = variant.forward(*dev, causal=True, scale=0.05)
     assert kernels.check(o, R.attention(*host, causal=True, scale=0.05), variant.tolerance_class(dtype)).ok
@@ -79,8 +97,9 @@ def test_variant_explicit_scale(gpu, poison, name):
 def test_variant_is_deterministic_run_to_run(gpu, name):
     """A result that changes between identical launches points to a race."""
     cp = gpu
-    variant = kernels.REGISTRY[name]
-    _, dev = _inputs(cp, variant.dtypes[0], 257, 257, min(64, variant.max_d), 1.0, seed=5)
+    variant = VARIANTS_BY_NAME[name]
+    _skip_older_gpu(variant)
+    _, dev = _inputs(cp, variant.dtypes[0], 257, 257, _head_dim(variant, min(64, variant.max_d)), 1.0, seed=5)
     a = variant.forward(*dev, causal=True)
     b = variant.forward(*dev, causal=True)
     assert bool((a == b).all())

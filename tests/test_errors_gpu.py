@@ -8,7 +8,8 @@ import kernels._core as core
 from kernels import naive
 from kernels import softmax as S
 
-VARIANTS = sorted(kernels.REGISTRY)
+VARIANTS_BY_NAME = kernels.tested_variants()  # REGISTRY and STAGING
+VARIANTS = sorted(VARIANTS_BY_NAME)
 
 
 def _qkv(cp, variant, B=1, H=2, T=16, d=32, dtype=None):
@@ -19,7 +20,7 @@ def _qkv(cp, variant, B=1, H=2, T=16, d=32, dtype=None):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_numpy_input_is_a_type_error(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     q, k, val = _qkv(gpu, v)
     with pytest.raises(TypeError, match=r"q must be a cupy\.ndarray.*numpy\.ndarray"):
         v.forward(q.get(), k, val)
@@ -27,7 +28,7 @@ def test_numpy_input_is_a_type_error(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_wrong_dtype_is_a_type_error(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     q, k, val = _qkv(gpu, v, dtype=np.float64)
     with pytest.raises(TypeError, match=r"q has dtype float64; this kernel takes"):
         v.forward(q, k, val)
@@ -35,7 +36,7 @@ def test_wrong_dtype_is_a_type_error(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_strided_view_is_rejected(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     q, k, val = _qkv(gpu, v, T=32)
     q16, v16 = q[:, :, :16].copy(), val[:, :, :16].copy()
     with pytest.raises(ValueError, match=r"k must be C-contiguous.*strides"):
@@ -44,7 +45,7 @@ def test_strided_view_is_rejected(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_head_dim_over_the_limit(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     q, k, val = _qkv(gpu, v, d=v.max_d + 8)
     with pytest.raises(ValueError, match=rf"d={v.max_d + 8}.*d <= {v.max_d}"):
         v.forward(q, k, val)
@@ -52,7 +53,7 @@ def test_head_dim_over_the_limit(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_shape_mismatch(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     q, k, val = _qkv(gpu, v)
     with pytest.raises(ValueError, match=r"k and v must have the same shape"):
         v.forward(q, k, val[:, :, :8].copy())
@@ -62,7 +63,7 @@ def test_shape_mismatch(gpu, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_non_finite_scale(gpu, name):
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     with pytest.raises(ValueError, match=r"scale must be a finite number; got nan"):
         v.forward(*_qkv(gpu, v), scale=float("nan"))
 
@@ -71,7 +72,7 @@ def test_non_finite_scale(gpu, name):
 def test_old_gpu_gets_a_clear_error(gpu, name, monkeypatch):
     import dataclasses
 
-    v = kernels.REGISTRY[name]
+    v = VARIANTS_BY_NAME[name]
     dev = core.current_device()
     monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(7, 5)))
     core.clear_launch_caches()  # a launch prepared by an earlier test was checked against the real GPU

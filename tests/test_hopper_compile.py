@@ -67,6 +67,11 @@ def cubin(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cuobjdump(cubin):
+    return cuobjdump_for(cubin)
+
+
+def cuobjdump_for(cubin):
+    """The cuobjdump that can disassemble `cubin` here, or a pytest.skip that says what to install."""
     tool = _tool("cuobjdump")
     if tool is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump, or a CUDA toolkit)")

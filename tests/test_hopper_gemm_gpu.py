@@ -32,15 +32,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hopper(gpu):
-    cc = kernels.device_compute_capability()
-    if cc[0] != 9:
-        pytest.skip(f"needs a Hopper GPU (compute capability 9.x) for the sm_90a build; this GPU "
-                    f"({kernels.gpu_name()}) has {cc[0]}.{cc[1]}")
-    return gpu
-
-
 def _inputs(cp, lead, M, N, K, dtype, std=1.0, seed=0):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal(lead + (M, K)) * std).astype(dtype)
