@@ -1,8 +1,9 @@
 // hopper_attn.cu -- FlashAttention-3-style attention forward on Hopper: TMA loads, wgmma from shared memory for
 // S = Q K^T, wgmma with P in registers for O += P V (fp16/bf16 in, float32 accumulation, float32 LSE).
 //
-// Checked on an H100 against the float64 reference (tests/test_attention_gpu.py, registered as hopper_fa3) and clean
-// under compute-sanitizer's memcheck, racecheck and synccheck; tests/test_hopper_attn_compile.py checks its SASS.
+// Checked on an H100 against the float64 reference (tests/test_attention_gpu.py and test_hopper_attn_gpu.py; the
+// variant hopper_fa3, in kernels.STAGING) and clean under compute-sanitizer's memcheck, racecheck and synccheck;
+// tests/test_hopper_attn_compile.py checks its SASS.
 //
 // What it computes
 //   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)

@@ -7,8 +7,9 @@ The same contract as flash2_mma.forward: bottom-right causal mask (query i sees 
 row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension d = 64 or 128 only (the kernel's
 tiles are built around 64-column swizzle rows; kernels.STAGING["hopper_fa3"].head_dims says so to the tests).
 
-Checked on an H100 by the registry's tests (tests/test_attention_gpu.py); its SASS is checked on the CPU
-(tests/test_hopper_attn_compile.py).
+Checked on an H100 by the attention tests (tests/test_attention_gpu.py runs its grid over REGISTRY and STAGING, where
+this variant is until it meets its speed target; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is
+checked on the CPU (tests/test_hopper_attn_compile.py).
 
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
 (kernels._core.load_module(..., arch="sm_90a")), as kernels/hopper_gemm.py explains. q, k and v are read by TMA
