@@ -546,8 +546,9 @@ def kernel_source(filename: str, name: str | None = None) -> str:
     text = kernel_path(filename).read_text()
     if name is None:
         return text
-    # the first line that calls or declares name( and is not a comment line
-    m = re.search(r"^(?![ \t]*(?://|/\*|\*))[^\n;{}]*\b" + re.escape(name) + r"\s*\(", text, re.M)
+    # the first line that calls or declares name( outside a comment and a preprocessor line (a #define whose comment
+    # mentions "name (" is neither)
+    m = re.search(r"^(?![ \t]*(?://|/\*|\*|#))[^\n;{}/]*\b" + re.escape(name) + r"\s*\(", text, re.M)
     if m is None:
         raise ValueError(f"no function {name!r} in {filename}")
     start = m.start()
