@@ -91,9 +91,14 @@
 //   one more pivot round (a pass over shared memory and one cluster barrier) for a sort of at most 512 (at most 45
 //   steps) and 24 KB less static shared memory a block. A crossing value with more than CLUSTER_CAND ties (a row of
 //   bf16 logits) still costs pivot rounds until lo = hi (about 8); a round that also finds the min and max inside
-//   the bracket would stop there at once. One sort per cluster instead of one per block and a search that narrows
-//   more than 8x per round (a histogram per round) come next; at large batch, where only a few rows fit in the
-//   GPU's shared memory at once, the one-block kernel stays faster for top-k and top-p (sampling.cluster_plan).
+//   the bracket would stop there at once. Where the time goes (clock64 stamps of one block, H100, batch 1,
+//   V = 128256, top-p 0.9, sample_cluster<16>, 45 us a call): load 1 us, pass 1 6 us, four pivot rounds 15 us, gather
+//   and sort of 89 candidates 12 us, sampling pass 4 us, the rest is the launch. Tried and measured, not kept: rounds of a
+//   256-bin histogram (a count and a 64-bit fixed-point mass per bin, so that atomic sums do not depend on their
+//   order) with a one-warp finish over at most 32 candidates: 1 to 7 us faster at batch 1, slower at batch 64 and
+//   256 (the 64-bit shared-memory atomic adds compile to compare-and-swap loops). One sort per cluster instead of one
+//   per block comes next; at large batch, where only a few rows fit in the GPU's shared memory at once, the one-block
+//   kernel stays faster for top-k and top-p (sampling.cluster_plan).
 //   Also bf16/fp16 logits.
 
 #ifndef TOPK_THREADS
@@ -505,6 +510,58 @@ __device__ float kth_max_bound(float m_thread, int k, float* scratch, float* s_b
     return *s_bound;
 }
 
+// One search round, in three steps that sample_threshold (bracket) and sample_cluster (cluster_bracket) share; only the
+// pass over the row and the sum of the accumulators differ between them.
+//   set_pivots      PIVOTS values spread evenly over [lo, hi]; acc[j] counts the logits above pivot j, acc[PIVOTS + j]
+//                   adds up their mass (top-p only)
+//   count_above     one logit of the bracket into the accumulators
+//   narrow_bracket  from the round's totals: the largest pivot whose measure above still reaches the target becomes lo
+//                   (open: its successor), the next pivot up becomes hi; above and n_in follow
+__device__ __forceinline__ void set_pivots(float lo, float hi, float (&piv)[PIVOTS], float (&acc)[2 * PIVOTS]) {
+    const float width = hi - lo;
+#pragma unroll
+    for (int j = 0; j < PIVOTS; ++j) {
+        piv[j] = fminf(lo + width * ((float)(j + 1) / (float)(PIVOTS + 1)), hi);
+        acc[j] = 0.f; acc[PIVOTS + j] = 0.f;
+    }
+}
+
+template <bool BY_COUNT>
+__device__ __forceinline__ void count_above(float v, float M, float inv_t, const float (&piv)[PIVOTS],
+                                            float (&acc)[2 * PIVOTS]) {
+    const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
+#pragma unroll
+    for (int j = 0; j < PIVOTS; ++j) {
+        const bool up = v > piv[j];
+        acc[j] += up ? 1.f : 0.f;
+        if (!BY_COUNT) acc[PIVOTS + j] += up ? q : 0.f;
+    }
+}
+
+template <bool BY_COUNT>
+__device__ __forceinline__ void narrow_bracket(const float (&piv)[PIVOTS], const float (&acc)[2 * PIVOTS],
+                                               float target, float& lo, float& hi, float& above, float& n_in) {
+    int jl = -1;
+#pragma unroll
+    for (int j = 0; j < PIVOTS; ++j)
+        if (above + (BY_COUNT ? acc[j] : acc[PIVOTS + j]) >= target) jl = j;
+    // (constant register indices only: the pivot's values are selected in an unrolled loop)
+    float new_lo = lo, new_hi = piv[0], new_n = n_in - acc[0];
+    float new_above = above + (BY_COUNT ? acc[0] : acc[PIVOTS]);
+#pragma unroll
+    for (int j = 0; j < PIVOTS; ++j) {
+        if (j == jl) {
+            const int j1 = j + 1 < PIVOTS ? j + 1 : j;
+            const bool last = j + 1 == PIVOTS;
+            new_lo = nextafterf(piv[j], INFINITY);
+            new_hi = last ? hi : piv[j1];
+            new_n = acc[j] - (last ? 0.f : acc[j1]);
+            new_above = above + (last ? 0.f : (BY_COUNT ? acc[j1] : acc[PIVOTS + j1]));
+        }
+    }
+    lo = new_lo; hi = fmaxf(new_hi, new_lo); n_in = new_n; above = new_above;
+}
+
 // The search rounds: narrow [lo, hi] around the crossing logit, the first logit of the ranking at which the measure
 // of the logits ranked up to it reaches `target`. BY_COUNT: the measure is their number (top-k: target = k); else
 // their mass exp((x - M) * inv_t) (top-p: target = p * Z). above: the measure of the logits > hi; n_in: the number of
@@ -513,47 +570,41 @@ template <int NT, bool BY_COUNT>
 __device__ void bracket(const float* __restrict__ x, int V, float M, float inv_t, float target, float* red, float& lo,
                         float& hi, float& above, float& n_in) {
     for (int round = 0; round < MAX_ROUNDS && n_in + (BY_COUNT ? above : 0.f) > (float)CAND_MAX && lo < hi; ++round) {
-        float piv[PIVOTS], acc[2 * PIVOTS];  // acc[j]: count above pivot j (inside [lo, hi]); acc[PIVOTS + j]: mass
-        const float width = hi - lo, blo = lo, bhi = hi;
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j) {
-            piv[j] = fminf(lo + width * ((float)(j + 1) / (float)(PIVOTS + 1)), hi);
-            acc[j] = 0.f; acc[PIVOTS + j] = 0.f;
-        }
+        float piv[PIVOTS], acc[2 * PIVOTS];
+        set_pivots(lo, hi, piv, acc);
+        const float blo = lo, bhi = hi;
         auto visit = [&](float v, int) {
-            if (v >= blo && v <= bhi) {  // only the logits inside the bracket do any work
-                const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
-#pragma unroll
-                for (int j = 0; j < PIVOTS; ++j) {
-                    const bool up = v > piv[j];
-                    acc[j] += up ? 1.f : 0.f;
-                    if (!BY_COUNT) acc[PIVOTS + j] += up ? q : 0.f;
-                }
-            }
+            if (v >= blo && v <= bhi) count_above<BY_COUNT>(v, M, inv_t, piv, acc);  // only the bracket does any work
         };
         for_each_logit<NT>(x, V, visit);
         block_sum<NT, 2 * PIVOTS>(acc, red);
-        // the largest pivot whose measure above still reaches the target becomes lo (open: its successor)
-        int jl = -1;
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j)
-            if (above + (BY_COUNT ? acc[j] : acc[PIVOTS + j]) >= target) jl = j;
-        // (constant register indices only: the pivot's values are selected in an unrolled loop)
-        float new_lo = lo, new_hi = piv[0], new_n = n_in - acc[0];
-        float new_above = above + (BY_COUNT ? acc[0] : acc[PIVOTS]);
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j) {
-            if (j == jl) {
-                const int j1 = j + 1 < PIVOTS ? j + 1 : j;
-                const bool last = j + 1 == PIVOTS;
-                new_lo = nextafterf(piv[j], INFINITY);
-                new_hi = last ? hi : piv[j1];
-                new_n = acc[j] - (last ? 0.f : acc[j1]);
-                new_above = above + (last ? 0.f : (BY_COUNT ? acc[j1] : acc[PIVOTS + j1]));
+        narrow_bracket<BY_COUNT>(piv, acc, target, lo, hi, above, n_in);
+    }
+}
+
+// Bitonic sort of cand[0, nc) in ranking order (value desc, index asc), padded with (-inf, BIG_INDEX) to the next power
+// of two; NT threads, one compare-exchange each per step (looping where there are more pairs than threads).
+template <int NT>
+__device__ void sort_candidates(float* cand_v, int* cand_i, int nc) {
+    int sort_n = 2;
+    while (sort_n < nc) sort_n <<= 1;
+    for (int j = nc + threadIdx.x; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
+    for (int size = 2; size <= sort_n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < sort_n / 2; t += NT) {
+                const int a = 2 * t - (t & (stride - 1)), b = a + stride;  // the pair (a, b), a < b
+                const bool desc = (a & size) == 0;  // this half-sequence sorts in ranking order
+                const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
+                                       : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
+                if (swap) {
+                    const float tv = cand_v[a]; cand_v[a] = cand_v[b]; cand_v[b] = tv;
+                    const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
+                }
             }
         }
-        lo = new_lo; hi = fmaxf(new_hi, new_lo); n_in = new_n; above = new_above;
     }
+    __syncthreads();
 }
 
 // Gather the logits in [lo, hi] into shared memory and sort them in ranking order (bitonic, on the next power of two);
@@ -577,27 +628,113 @@ __device__ int gather_sort(const float* __restrict__ x, int V, float lo, float h
         __syncthreads();  // every thread has read n_cand before a later gather resets it
         return total;
     }
-    const int nc = total;
-    int sort_n = 2;
-    while (sort_n < nc) sort_n <<= 1;
-    for (int j = nc + threadIdx.x; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
-    for (int size = 2; size <= sort_n; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            __syncthreads();
-            for (int t = threadIdx.x; t < sort_n / 2; t += NT) {
-                const int a = 2 * t - (t & (stride - 1)), b = a + stride;  // the pair (a, b), a < b
-                const bool desc = (a & size) == 0;  // this half-sequence sorts in ranking order
-                const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
-                                       : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
-                if (swap) {
-                    const float tv = cand_v[a]; cand_v[a] = cand_v[b]; cand_v[b] = tv;
-                    const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
-                }
-            }
-        }
+    sort_candidates<NT>(cand_v, cand_i, total);
+    return total;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The ends that sample_threshold and sample_cluster share, once the candidates sit sorted in shared memory.
+// ---------------------------------------------------------------------------------------------------------------
+// Top-k: the k survivors (cand_v in ranking order, the first n_exact exact, the rest ties at hi), their weights
+// w = exp((x - M) * inv_t), top-p within them, and the kept set: v* (s_vstar), r, its mass zp (s_zp) and how many are
+// kept (s_n). Every thread of the block returns with the same values in the shared variables.
+__device__ void topk_kept(const float* cand_v, int k, int n_exact, float hi, float M, float inv_t, float top_p, float* w,
+                          float& s_vstar, int& s_r, float& s_zp, int& s_n) {
+    if (threadIdx.x < k) w[threadIdx.x] = expf(((threadIdx.x < n_exact ? cand_v[threadIdx.x] : hi) - M) * inv_t);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int n = top_p_prefix(w, k, top_p);
+        float z = 0.f;
+        for (int j = 0; j < n; ++j) z += w[j];
+        const float vs = n - 1 < n_exact ? cand_v[n - 1] : hi;
+        int rr = 0;
+        for (int j = 0; j < n; ++j) rr += (j < n_exact ? cand_v[j] : hi) == vs ? 1 : 0;
+        s_vstar = vs; s_r = rr; s_zp = z; s_n = n;
     }
     __syncthreads();
-    return nc;
+}
+
+// Top-k, every kept logit gathered: the draw among the first n candidates in index order, with no further pass over
+// the row. Threads below n rank their indices (distinct) into `order`; thread 0 walks the weights to u * zp (target).
+__device__ void draw_kept(const int* cand_i, const float* w, int n, float target, int* order, int* tokens,
+                          long long row, int V) {
+    if (threadIdx.x < n) {
+        int rank = 0;
+        for (int l = 0; l < n; ++l) rank += cand_i[l] < cand_i[threadIdx.x] ? 1 : 0;
+        order[rank] = threadIdx.x;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float cum = 0.f;
+        int token = -1, last = cand_i[0];
+        for (int j = 0; j < n; ++j) {
+            const int e = order[j];
+            if (w[e] > 0.f) last = cand_i[e];
+            cum += w[e];
+            if (w[e] > 0.f && cum > target) { token = cand_i[e]; break; }
+        }
+        tokens[row] = min(max(token >= 0 ? token : last, 0), V - 1);  // no crossing (rounding): the last
+    }
+}
+
+// Top-p: the nc candidates of [lo, hi] in ranking order, EPC a thread (thread t holds t * EPC .. t * EPC + EPC - 1). A
+// block scan of their masses on top of mass_hi (the mass of the logits > hi) finds the first that reaches the target
+// (rounding, none: the last): v* is its value, r how many of the candidates equal to v* rank up to it (equal values sit
+// side by side), zp the kept mass. scan_g: NT / 32 floats. Every thread returns the same values.
+template <int NT, int EPC>
+__device__ void crossing_scan(const float* cand_v, int nc, float M, float inv_t, float mass_hi, float target,
+                              float* scan_g, int* found, int* first_pos, float* s_zp, float& vstar, int& r, float& zp) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float q[EPC], c[EPC], tsum = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) {
+        const int j = tid * EPC + e;
+        q[e] = j < nc ? expf((cand_v[j] - M) * inv_t) : 0.f;
+        tsum += q[e];
+    }
+    float incl = tsum;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += y;
+    }
+    if (lane == 31) scan_g[warp] = incl;
+    if (tid == 0) *found = BIG_INDEX;
+    __syncthreads();
+    float before = mass_hi;
+    for (int w2 = 0; w2 < warp; ++w2) before += scan_g[w2];
+    const float prev = __shfl_up_sync(0xffffffffu, incl, 1);
+    before += lane > 0 ? prev : 0.f;
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) { before += q[e]; c[e] = before; }  // the mass up to and including each
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) {
+        if (tid * EPC + e < nc && c[e] >= target) { atomicMin(found, tid * EPC + e); break; }
+    }
+    __syncthreads();
+    const int js = max(*found == BIG_INDEX ? nc - 1 : *found, 0);  // rounding: no crossing -> all candidates
+    vstar = cand_v[js];
+#pragma unroll
+    for (int e = 0; e < EPC; ++e)
+        if (tid * EPC + e == js) *s_zp = c[e];
+    if (tid == 0) *first_pos = js;
+    __syncthreads();
+    for (int j = tid; j <= js; j += NT)
+        if (cand_v[j] == vstar && (j == 0 || cand_v[j - 1] != vstar)) *first_pos = j;
+    __syncthreads();
+    r = js - *first_pos + 1;
+    zp = *s_zp;
+}
+
+// Top-p, the search stopped on ties (every logit of [lo, hi] equals hi, or the round cap was hit): v* = hi, and the
+// fewest r of the n_in ties at hi (at least one) whose mass on top of mass_hi reaches the target.
+__device__ __forceinline__ void ties_at_hi(float hi, float M, float inv_t, float target, float mass_hi, float n_in,
+                                           float& vstar, int& r, float& zp) {
+    vstar = hi;
+    const float qv = expf((hi - M) * inv_t);
+    const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
+    r = (int)fminf(fmaxf(need, 1.f), n_in);
+    zp = mass_hi + (float)r * qv;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -652,40 +789,11 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
         }
         const int n_exact = all_in ? k : min(nc, k);
         // ---- top-k: softmax of the k, top-p within them ----
-        if (tid < k) w[tid] = expf(((tid < n_exact ? cand_v[tid] : hi) - M) * inv_t);
-        __syncthreads();
-        if (tid == 0) {
-            const int n = top_p_prefix(w, k, top_p);
-            float z = 0.f;
-            for (int j = 0; j < n; ++j) z += w[j];
-            const float vs = n - 1 < n_exact ? cand_v[n - 1] : hi;
-            int rr = 0;
-            for (int j = 0; j < n; ++j) rr += (j < n_exact ? cand_v[j] : hi) == vs ? 1 : 0;
-            s_vstar = vs; s_r = rr; s_zp = z; s_n = n;
-        }
-        __syncthreads();
+        topk_kept(cand_v, k, n_exact, hi, M, inv_t, top_p, w, s_vstar, s_r, s_zp, s_n);
         vstar = s_vstar; r = s_r; zp = s_zp;
         if (all_in && probs == nullptr) {
             // ---- top-k: the draw among the kept candidates, in index order (no further pass over the row) ----
-            const int n = s_n;
-            if (tid < n) {
-                int rank = 0;
-                for (int l = 0; l < n; ++l) rank += cand_i[l] < cand_i[tid] ? 1 : 0;  // indices are distinct
-                order[rank] = tid;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                const float target = u * zp;
-                float cum = 0.f;
-                int token = -1, last = cand_i[0];
-                for (int j = 0; j < n; ++j) {
-                    const int e = order[j];
-                    if (w[e] > 0.f) last = cand_i[e];
-                    cum += w[e];
-                    if (w[e] > 0.f && cum > target) { token = cand_i[e]; break; }
-                }
-                tokens[row] = min(max(token >= 0 ? token : last, 0), V - 1);  // no crossing (rounding): the last
-            }
+            draw_kept(cand_i, w, s_n, u * zp, order, tokens, row, V);
             return;
         }
     } else if (top_p < 1.0f) {
@@ -696,43 +804,11 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
         if (n_in <= (float)CAND_MAX && lo < hi) {
             // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
             const int nc = gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, &n_cand);
-            const int j0 = 2 * tid, j1 = 2 * tid + 1;
-            const float q0 = j0 < nc ? expf((cand_v[j0] - M) * inv_t) : 0.f;
-            const float q1 = j1 < nc ? expf((cand_v[j1] - M) * inv_t) : 0.f;
-            float incl = q0 + q1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += y;
-            }
-            if (lane == 31) scan_g[warp] = incl;
-            if (tid == 0) found = BIG_INDEX;
-            __syncthreads();
-            float before = mass_hi;
-            for (int w2 = 0; w2 < warp; ++w2) before += scan_g[w2];
-            before += incl - (q0 + q1);
-            const float c0 = before + q0, c1 = c0 + q1;
-            if (j0 < nc && c0 >= target) atomicMin(&found, j0);
-            else if (j1 < nc && c1 >= target) atomicMin(&found, j1);
-            __syncthreads();
-            const int js = max(found == BIG_INDEX ? nc - 1 : found, 0);  // rounding: no crossing -> all candidates
-            vstar = cand_v[js];
-            if (tid == 0) first_pos = js;
-            __syncthreads();
-            for (int j = tid; j <= js; j += NT)
-                if (cand_v[j] == vstar && (j == 0 || cand_v[j - 1] != vstar)) first_pos = j;
-            if (j0 == js) s_zp = c0;
-            if (j1 == js) s_zp = c1;
-            __syncthreads();
-            r = js - first_pos + 1;
-            zp = s_zp;
+            crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp,
+                                             vstar, r, zp);
         } else {
             // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-            vstar = hi;
-            const float qv = expf((hi - M) * inv_t);
-            const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
-            r = (int)fminf(fmaxf(need, 1.f), n_in);
-            zp = mass_hi + (float)r * qv;
+            ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
         }
     }
 
@@ -909,72 +985,17 @@ __device__ void cluster_bracket(const float4* slice, int ng, float M, float inv_
     for (int round = 0; round < MAX_ROUNDS && n_in + (BY_COUNT ? above : 0.f) > (float)CLUSTER_CAND && lo < hi;
          ++round) {
         float piv[PIVOTS], acc[2 * PIVOTS];
-        const float width = hi - lo, blo = lo, bhi = hi;
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j) {
-            piv[j] = fminf(lo + width * ((float)(j + 1) / (float)(PIVOTS + 1)), hi);
-            acc[j] = 0.f; acc[PIVOTS + j] = 0.f;
-        }
+        set_pivots(lo, hi, piv, acc);
         for (int g = threadIdx.x; g < ng; g += CLUSTER_THREADS) {
             const float4 t = slice[g];
             const float v4[4] = {t.x, t.y, t.z, t.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float v = v4[e];
-                if (v >= blo && v <= bhi) {
-                    const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
-#pragma unroll
-                    for (int j = 0; j < PIVOTS; ++j) {
-                        const bool up = v > piv[j];
-                        acc[j] += up ? 1.f : 0.f;
-                        if (!BY_COUNT) acc[PIVOTS + j] += up ? q : 0.f;
-                    }
-                }
-            }
+            for (int e = 0; e < 4; ++e)
+                if (v4[e] >= lo && v4[e] <= hi) count_above<BY_COUNT>(v4[e], M, inv_t, piv, acc);
         }
         cluster_sum<CS, 2 * PIVOTS>(acc, red, xch, tot, buf);
-        int jl = -1;
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j)
-            if (above + (BY_COUNT ? acc[j] : acc[PIVOTS + j]) >= target) jl = j;
-        float new_lo = lo, new_hi = piv[0], new_n = n_in - acc[0];
-        float new_above = above + (BY_COUNT ? acc[0] : acc[PIVOTS]);
-#pragma unroll
-        for (int j = 0; j < PIVOTS; ++j) {
-            if (j == jl) {
-                const int j1 = j + 1 < PIVOTS ? j + 1 : j;
-                const bool last = j + 1 == PIVOTS;
-                new_lo = nextafterf(piv[j], INFINITY);
-                new_hi = last ? hi : piv[j1];
-                new_n = acc[j] - (last ? 0.f : acc[j1]);
-                new_above = above + (last ? 0.f : (BY_COUNT ? acc[j1] : acc[PIVOTS + j1]));
-            }
-        }
-        lo = new_lo; hi = fmaxf(new_hi, new_lo); n_in = new_n; above = new_above;
+        narrow_bracket<BY_COUNT>(piv, acc, target, lo, hi, above, n_in);
     }
-}
-
-// Bitonic sort of cand[0, nc) (nc <= CLUSTER_CAND) in ranking order (value desc, index asc), padded to a power of two.
-__device__ void sort_candidates(float* cand_v, int* cand_i, int nc) {
-    int sort_n = 2;
-    while (sort_n < nc) sort_n <<= 1;
-    for (int j = nc + threadIdx.x; j < sort_n; j += CLUSTER_THREADS) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
-    for (int size = 2; size <= sort_n; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            __syncthreads();
-            for (int t = threadIdx.x; t < sort_n / 2; t += CLUSTER_THREADS) {
-                const int a = 2 * t - (t & (stride - 1)), b = a + stride;
-                const bool desc = (a & size) == 0;
-                const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
-                                       : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
-                if (swap) {
-                    const float tv = cand_v[a]; cand_v[a] = cand_v[b]; cand_v[b] = tv;
-                    const int ti = cand_i[a]; cand_i[a] = cand_i[b]; cand_i[b] = ti;
-                }
-            }
-        }
-    }
-    __syncthreads();
 }
 
 // The logits of the cluster's slices in [lo, hi] (at most CLUSTER_CAND): each block gathers its own into loc, then every
@@ -1017,7 +1038,7 @@ __device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int 
         }
     }
     if (last_remote) cluster_arrive();
-    sort_candidates(cand_v, cand_i, nc);
+    sort_candidates<CLUSTER_THREADS>(cand_v, cand_i, nc);
     return nc;
 }
 #endif  // HAS_CLUSTERS
@@ -1144,42 +1165,11 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
                                                loc_v, loc_i, &n_loc, off, cand_v, cand_i, draw_here);
         const int n_exact = all_in ? k : min(nc, k);
         // ---- top-k: softmax of the k, top-p within them (every block, the same numbers) ----
-        if (tid < k) w[tid] = expf(((tid < n_exact ? cand_v[tid] : hi) - M) * inv_t);
-        __syncthreads();
-        if (tid == 0) {
-            const int n = top_p_prefix(w, k, top_p);
-            float z = 0.f;
-            for (int j = 0; j < n; ++j) z += w[j];
-            const float vs = n - 1 < n_exact ? cand_v[n - 1] : hi;
-            int rr = 0;
-            for (int j = 0; j < n; ++j) rr += (j < n_exact ? cand_v[j] : hi) == vs ? 1 : 0;
-            s_vstar = vs; s_r = rr; s_zp = z; s_n = n;
-        }
-        __syncthreads();
+        topk_kept(cand_v, k, n_exact, hi, M, inv_t, top_p, w, s_vstar, s_r, s_zp, s_n);
         vstar = s_vstar; r = s_r; zp = s_zp;
         if (draw_here) {
             // ---- top-k: the draw among the kept candidates, in index order (block 0 of the cluster) ----
-            if (rank == 0) {
-                const int n = s_n;
-                if (tid < n) {
-                    int rank_i = 0;
-                    for (int l = 0; l < n; ++l) rank_i += cand_i[l] < cand_i[tid] ? 1 : 0;
-                    order[rank_i] = tid;
-                }
-                __syncthreads();
-                if (tid == 0) {
-                    const float target = u * zp;
-                    float cum = 0.f;
-                    int token = -1, last = cand_i[0];
-                    for (int j = 0; j < n; ++j) {
-                        const int e = order[j];
-                        if (w[e] > 0.f) last = cand_i[e];
-                        cum += w[e];
-                        if (w[e] > 0.f && cum > target) { token = cand_i[e]; break; }
-                    }
-                    tokens[row] = min(max(token >= 0 ? token : last, 0), V - 1);
-                }
-            }
+            if (rank == 0) draw_kept(cand_i, w, s_n, u * zp, order, tokens, row, V);
             cluster_wait();
             return;
         }
@@ -1192,52 +1182,11 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             // ---- top-p: gather [lo, hi], sort, scan their masses on top of mass_hi (EPC candidates a thread) ----
             const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, &n_loc, off, cand_v,
                                                    cand_i, false);
-            float q[EPC], c[EPC], tsum = 0.f;
-#pragma unroll
-            for (int e = 0; e < EPC; ++e) {
-                const int j = tid * EPC + e;
-                q[e] = j < nc ? expf((cand_v[j] - M) * inv_t) : 0.f;
-                tsum += q[e];
-            }
-            float incl = tsum;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, incl, d);
-                if (lane >= d) incl += y;
-            }
-            if (lane == 31) scan_g[warp] = incl;
-            if (tid == 0) found = BIG_INDEX;
-            __syncthreads();
-            float before = mass_hi;
-            for (int w2 = 0; w2 < warp; ++w2) before += scan_g[w2];
-            const float prev = __shfl_up_sync(0xffffffffu, incl, 1);
-            before += lane > 0 ? prev : 0.f;
-#pragma unroll
-            for (int e = 0; e < EPC; ++e) { before += q[e]; c[e] = before; }  // the mass up to and including each
-#pragma unroll
-            for (int e = 0; e < EPC; ++e) {
-                if (tid * EPC + e < nc && c[e] >= target) { atomicMin(&found, tid * EPC + e); break; }
-            }
-            __syncthreads();
-            const int js = max(found == BIG_INDEX ? nc - 1 : found, 0);  // rounding: no crossing -> all candidates
-            vstar = cand_v[js];
-            if (tid == 0) first_pos = js;
-            __syncthreads();
-            for (int j = tid; j <= js; j += NT)
-                if (cand_v[j] == vstar && (j == 0 || cand_v[j - 1] != vstar)) first_pos = j;
-#pragma unroll
-            for (int e = 0; e < EPC; ++e)
-                if (tid * EPC + e == js) s_zp = c[e];
-            __syncthreads();
-            r = js - first_pos + 1;
-            zp = s_zp;
+            crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp, vstar, r,
+                                   zp);
         } else {
             // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-            vstar = hi;
-            const float qv = expf((hi - M) * inv_t);
-            const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
-            r = (int)fminf(fmaxf(need, 1.f), n_in);
-            zp = mass_hi + (float)r * qv;
+            ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
         }
     }
 
