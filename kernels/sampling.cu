@@ -186,6 +186,17 @@ __device__ __forceinline__ float warp_reduce(float v) {  // sum
     return v;
 }
 
+// Inclusive scan over the lanes of a warp of a (mass, count) pair, in place: lane l ends with the sums of lanes 0..l.
+__device__ __forceinline__ void warp_scan_pair(float& g, int& c) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, g, d);
+        const int z = __shfl_up_sync(0xffffffffu, c, d);
+        if (lane >= d) { g += y; c += z; }
+    }
+}
+
 // Sum of N values per thread over the block; every thread gets the N sums. red holds N * 32 floats.
 template <int NT, int N>
 __device__ __forceinline__ void block_sum(float (&v)[N], float* red) {
@@ -836,12 +847,7 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
         // inclusive warp scans, then across warps
         float gi = g;
         int ci = c;
-#pragma unroll
-        for (int s = 1; s < 32; s <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, gi, s);
-            const int z = __shfl_up_sync(0xffffffffu, ci, s);
-            if (lane >= s) { gi += y; ci += z; }
-        }
+        warp_scan_pair(gi, ci);
         if (lane == 31) { scan_g[warp] = gi; scan_c[warp] = ci; }
         __syncthreads();
         float g_before = carry_g, g_tile = 0.f;
@@ -1231,12 +1237,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
         int sc = 0;
 #pragma unroll
         for (int t = 0; t < EPL; ++t) { sg += eg[t]; sc += ec[t]; }
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const float yg = __shfl_up_sync(0xffffffffu, sg, d);
-            const int yc = __shfl_up_sync(0xffffffffu, sc, d);
-            if (lane >= d) { sg += yg; sc += yc; }
-        }
+        warp_scan_pair(sg, sc);
         float gb = __shfl_up_sync(0xffffffffu, sg, 1);
         int cb = __shfl_up_sync(0xffffffffu, sc, 1);
         if (lane == 0) { gb = 0.f; cb = 0; }
@@ -1281,12 +1282,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             }
             float gi = gl;
             int ci = cl;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const float yg = __shfl_up_sync(0xffffffffu, gi, d);
-                const int yc = __shfl_up_sync(0xffffffffu, ci, d);
-                if (lane >= d) { gi += yg; ci += yc; }
-            }
+            warp_scan_pair(gi, ci);
             float gx = __shfl_up_sync(0xffffffffu, gi, 1);
             int ties = __shfl_up_sync(0xffffffffu, ci, 1);
             if (lane == 0) { gx = 0.f; ties = 0; }
