@@ -81,22 +81,41 @@
 //   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
 //   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
 //   online_softmax       mask, row max, P = exp2(c S - m), l        (in place in the S registers)
+//   online_softmax_ilp   the same, all rows of a lane side by side, mask only when MASK (ILP builds)
+//   kv_tile              one K/V tile: wait, barrier, prefetch the next, the four steps above
 //   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
 //   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
 //   store_output         O / l and the LSE
 //   attention_block      one block's work: Q tile, the K/V loop over the steps above, the store
 //
-// Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES)
-//   D=32: 166, D=64: 168 (capped by __launch_bounds__(128, 3) for three blocks per SM), D=96: 248, no spills;
-//   D=128: 255 registers and 44 bytes of spill stores per thread: the O accumulators (64 floats at MT=2) and S
-//   (32 floats) do not fit beside the fragments in flight. For sm_80 (A100) the same builds spill 36 bytes at
-//   D=64 (the 168-register cap) and 8 at D=128. CuPy's NVRTC may count a few registers differently; notebook 06
-//   prints what the running GPU's build uses. The varlen builds (VARLEN_TILES): D=32: 172, D=64: 221 (two blocks
-//   per SM: under the 168 cap it spilled 60 bytes), D=96: 252, no spills; D=128: 255 and 12 bytes of spill stores.
-//   Splitting the body into attention_block for the varlen kernel left the dense builds as they were: same
-//   registers and spills, and `cuobjdump -sass` lists the same instructions (D=32: 1632, D=64: 2104, D=96 and
-//   D=128: 2864 each, float16 and bfloat16 alike) before and after.
-//
+// Two loops over the K/V tiles (attention_block's ILP; chosen at compile time per build, see IlpBuild)
+//   row by row   online_softmax: each of a lane's 2 MT rows in turn (max, two shuffles, exponentials, sum), with the
+//                mask applied when a run-time flag says the tile needs it. The compiler turns that flag and the
+//                per-row steps into branches, so the two shuffles (~30 cycles each) and the ex2 latency of one
+//                row are paid before the next row starts. Fewest registers: the D=64 build at three blocks per SM
+//                (168 registers) fits only this way.
+//   ILP          the tiles that hold no masked key (every key < Tk and, if causal, at or before the diagonal of the
+//                block's first row) run first, through kv_tile<..., MASK = false>, with no mask code at all; the
+//                rest (the ragged last tile, the causal diagonal) with it. online_softmax_ilp does the maxima, the
+//                first shuffles, the second shuffles and the exponentials of all 2 MT rows side by side with no
+//                branch between them, so their latencies overlap. Same arithmetic in the same order: o and lse are
+//                bit for bit those of the row-by-row loop (notebook 06 compares them). It needs about 220
+//                registers at D=64.
+//   Builds whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is at least ILP_MIN_REGS = 200 take the
+//   ILP loop: every build of kernels/flash2_mma.py's TILES. On an H100 (notebook 06, section 7: B=4 H=32 T=4096,
+//   not causal, fp16, one run) the ILP loop took 3.03 ms at D=128 against 3.39 for the row-by-row loop on the same
+//   tile, and 1.77 ms at D=64 against 1.98 on the same tile and 1.80 at three blocks per SM (the default before it).
+// Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES and VARLEN_TILES)
+//   dense    D=32: 175, D=64: 219 (two blocks per SM), D=96: 255, no spills; D=128: 255 registers and 8 bytes of
+//            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
+//            fragments in flight (the row-by-row loop spills 44 bytes there).
+//   varlen   D=32: 177, D=64: 224, D=96: 254, no spills; D=128: 255 and 20 bytes of spill stores (its row strides
+//            are three more live values than the dense kernel's d).
+//   sm_80 (A100): no spills except varlen D=128 (4 bytes). CuPy's NVRTC may count a few registers differently;
+//   notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM (MIN_BLOCKS=3, the
+//   cap of 168 registers) takes the row-by-row loop: no spills on sm_90, 52 bytes on sm_80.
+//   Splitting the body into attention_block for the varlen kernel (notebook 09) left the dense builds as they were:
+//   the same registers and spills, and `cuobjdump -sass` listed the same instructions before and after that split.
 // Limits (checked by kernels/flash2_mma.py before launch)
 //   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
 //   are zero-filled by cp.async and never written back. Any Tq, Tk >= 1: rows past the end are zero-filled
@@ -345,6 +364,87 @@ DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[M
     return moved;
 }
 
+// online_softmax_ilp: the same computation as online_softmax, for builds with registers to spare (the ILP loop of
+// attention_block). MASK (compile time): the tile may hold a masked key (a key >= Tk, or under the causal mask a key
+// after a row's diagonal); without it no mask code is emitted at all. With it, one integer compare per score against
+// rel, the last visible key of the row relative to this lane's first column.
+// The steps run for all 2 MT rows of the lane at once (all maxima, then all first shuffles, then all second
+// shuffles, then all exponentials), with no branch in between: the 2 MT dependency chains (a shuffle waits about
+// 30 cycles, an ex2 about 20) overlap instead of running one row after the other. Each row's arithmetic is the
+// same as one row at a time, in the same order, so P, l and O are bit for bit what the row-by-row loop gave.
+template <int BC, int MT, bool MASK>
+DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                               float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
+                               float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    if constexpr (MASK) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+                const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+                // key k0 + 2t + c (c = 8 nt + e) is visible when it is <= last: key < Tk and, if causal, <= row + diag
+                const int last = causal ? min(Tk - 1, row + diag) : Tk - 1;
+                const int rel = last - k0 - 2 * t;  // visible iff c <= rel
+#pragma unroll
+                for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (nt * MMA_N + e > rel) acc_s[mt][nt][2 * h + e] = NEG_INF;
+            }
+        }
+    }
+    float mx[MT][2];  // each row's largest raw score in this tile: this lane's columns, then the quad's
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float m = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) m = fmaxf(m, acc_s[mt][nt][2 * h + e]);
+            mx[mt][h] = m;
+        }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)  // quad_max of every row, the 2 MT rows' shuffles side by side
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(FULL_MASK, mx[mt][h], 1));
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(FULL_MASK, mx[mt][h], 2));
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
+            // the exponent's FMA below, not multiplied into every score.
+            const float m_tile = mx[mt][h] * scale_log2;
+            const float old = row_max[mt][h];
+            const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
+            row_max[mt][h] = move ? m_tile : old;
+            correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
+            moved |= move;
+            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+                    acc_s[mt][nt][2 * h + e] = p;
+                    sum += p;
+                }
+            }
+            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+        }
+    }
+    return moved;
+}
+
 // O *= correction, row by row: e / 2 picks row g (accumulators 0, 1) or g + 8 (2, 3).
 template <int D, int MT>
 DEVICE void rescale_output(float (&acc_o)[MT][D / MMA_N][4], const float (&correction)[MT][2]) {
@@ -415,12 +515,48 @@ DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long lon
     }
 }
 
+// One K/V tile j of the loop in attention_block, as the whole block runs it: wait for the tile, the barrier, the
+// prefetch of tile j+1 into the other stage, then S = Q K^T, the softmax, O *= correction and O += P V.
+// ILP: online_softmax_ilp, masked when MASK (compile time); otherwise online_softmax, masked when edge (run time).
+// sK, sV: the two stages' base addresses; kh, vh: the head's K and V rows, ld_kv elements apart.
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, bool MASK>
+DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2], int j,
+                    int n_tiles, u32 sK, u32 sV, const u16* __restrict__ kh, const u16* __restrict__ vh, int Tk, int d,
+                    int ld_kv, u32 q_lane, u32 k_lane, u32 v_lane, int warp_row0, int diag, int causal,
+                    float scale_log2, bool edge) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr u32 TILE_KV = 2 * BC * (D + SMEM_PAD);  // bytes of one K (or V) stage
+    const int stage = j & 1;
+    cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
+    __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
+    if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
+        load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
+        load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d, ld_kv);
+        cp_async_commit();
+    }
+
+    float acc_s[MT][BC / MMA_N][4];
+    warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
+
+    float correction[MT][2];
+    bool moved;
+    if constexpr (ILP)
+        moved = online_softmax_ilp<BC, MT, MASK>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, Tk, diag,
+                                                 causal, scale_log2);                                // S -> P
+    else
+        moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, edge, Tk, diag, causal,
+                                       scale_log2);                                                  // S -> P
+    if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
+
+    warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The work of one block: BR query rows [q0, q0 + BR) of one head against its keys, for both kernels below.
 // qh, kh, vh: the head's first query / key / value row; rows lie ld_q, ld_kv elements apart. oh: the head's first
 // output row, rows ld_o apart; lse[lse_base + row] (lse may be null). Tq, Tk: this head's (this sequence's) rows.
 // ---------------------------------------------------------------------------------------------------------
-template <int D, int BC, int NWARPS, int MT, bool BF16>
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP>
 DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ kh, const u16* __restrict__ vh,
                             u16* __restrict__ oh, float* __restrict__ lse, long long lse_base, int ld_q, int ld_kv,
                             int ld_o, int q0, int Tq, int Tk, int d, float scale_log2, int causal) {
@@ -474,33 +610,55 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
     const u32 v_lane = 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
 
     // ---- the K/V loop: one barrier per tile; the next tile streams in while this one is computed ----------
-    for (int j = 0; j < n_tiles; ++j) {
-        const int stage = j & 1;
-        cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
-        __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
-        if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
-            load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
-            load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d, ld_kv);
-            cp_async_commit();
+    if constexpr (ILP) {
+        // Tiles [0, n_full) hold no masked key for any row of the block (every key < Tk and, if causal, at or before
+        // the diagonal of the block's first row q0): they run without mask code, so the softmax is one straight run
+        // of instructions. The rest (the last tile when BC does not divide Tk, the tiles on the causal diagonal) run
+        // with it. Tile j is free of masks when (j + 1) BC <= Tk and, if causal, j BC + BC - 1 <= q0 + diag.
+        int n_full = min(n_tiles, Tk / BC);
+        if (causal) n_full = min(n_full, max(q0 + diag + 1, 0) / BC);
+        int j = 0;
+        for (; j < n_full; ++j)
+            kv_tile<D, BC, NWARPS, MT, BF16, true, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                          ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                          scale_log2, false);
+        for (; j < n_tiles; ++j)
+            kv_tile<D, BC, NWARPS, MT, BF16, true, true>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                         ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                         scale_log2, true);
+    } else {
+        for (int j = 0; j < n_tiles; ++j) {
+            const int k0 = j * BC;
+            const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
+            kv_tile<D, BC, NWARPS, MT, BF16, false, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                           ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                           scale_log2, edge);
         }
-
-        float acc_s[MT][BC / MMA_N][4];
-        warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
-
-        const int k0 = j * BC;
-        const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
-        float correction[MT][2];
-        const bool moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, q0 + warp * WR, k0, edge,
-                                                  Tk, diag, causal, scale_log2);                  // S -> P
-        if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
-
-        warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
     }
     // ---- the end: normalise and store ------------------------------------------------------------------------
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
 
     store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o);
 }
+
+// Which loop a build runs (see "Two loops" in the header). The ILP loop gives the compiler more independent
+// instructions to overlap, which costs registers: the D=64 build needs about 220 with it, and under the 168-register
+// cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does not. So by default a
+// build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS keeps the row-by-row
+// loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1 (default) by the cap.
+// The launcher passes it for a tile whose ILP field is set (kernels/flash2_mma.py: MmaTile), so that the two loops
+// can be timed and compared on the same tile.
+#ifndef ILP_MIN_REGS
+#define ILP_MIN_REGS 200
+#endif
+#ifndef ILP_MODE
+#define ILP_MODE -1
+#endif
+template <int NWARPS, int MIN_BLOCKS>
+struct IlpBuild {
+    static constexpr bool value =
+        ILP_MODE >= 0 ? ILP_MODE == 1 : 65536 / (NWARPS * WARP_SIZE * MIN_BLOCKS) >= ILP_MIN_REGS;
+};
 
 // ---------------------------------------------------------------------------------------------------------
 // The dense kernel: q (B, H, Tq, d), k and v (B, H, Tk, d). D: head-dim build; BC: keys per tile; NWARPS: warps
@@ -522,8 +680,9 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
     const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
     const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
-    attention_block<D, BC, NWARPS, MT, BF16>(q + q_base, k + k_base, v + k_base, o + q_base, lse, (long long)bh * Tq,
-                                             d, d, d, q0, Tq, Tk, d, scale_log2, causal);
+    constexpr bool ILP = IlpBuild<NWARPS, MIN_BLOCKS>::value;
+    attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + q_base, k + k_base, v + k_base, o + q_base, lse,
+                                                  (long long)bh * Tq, d, d, d, q0, Tq, Tk, d, scale_log2, causal);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -554,15 +713,15 @@ flash2_mma_varlen(const u16* __restrict__ q, const u16* __restrict__ k, const u1
     const int q0 = (n_qtiles - 1 - (int)blockIdx.x) * BR;
     // ---- the same block of work as the dense kernel, on this sequence's rows ----------------------------------
     const long long kv_base = (long long)ks * ld_kv + (long long)h * d;
-    attention_block<D, BC, NWARPS, MT, BF16>(q + (long long)qs * ld_q + (long long)h * d, k + kv_base, v + kv_base,
-                                             o + ((long long)qs * H + h) * d, lse, (long long)h * total_q + qs,
-                                             ld_q, ld_kv, H * d, q0, Tq, Tk, d, scale_log2, causal);
+    constexpr bool ILP = IlpBuild<NWARPS, MIN_BLOCKS>::value;
+    attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + (long long)qs * ld_q + (long long)h * d, k + kv_base,
+                                                  v + kv_base, o + ((long long)qs * H + h) * d, lse,
+                                                  (long long)h * total_q + qs, ld_q, ld_kv, H * d, q0, Tq, Tk, d,
+                                                  scale_log2, causal);
 }
 
 // ---- the builds the launcher uses by default (kernels/flash2_mma.py: TILES and VARLEN_TILES), instantiated so that
 // `nvcc -c flash2_mma.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name instead.
-// The varlen build at D=64 asks for two blocks per SM, not three: under the 168-register cap of three it spills
-// 60 bytes (its row strides ld_q, ld_kv, ld_o are three more live values than the dense kernel's d).
 #ifndef __CUDACC_RTC__
 #define FLASH2_MMA_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                               \
     template __global__ void flash2_mma_forward<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                             \
@@ -572,11 +731,11 @@ flash2_mma_varlen(const u16* __restrict__ q, const u16* __restrict__ k, const u1
         const u16*, const u16*, const u16*, u16*, float*, const int*, const int*, int, int, int, int, int, int,   \
         float, int);
 FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, false)
-FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, false)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 2, false)
 FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, false)
 FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, false)
 FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, true)
-FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 3, true)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 2, true)
 FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, true)
 FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, false)

@@ -38,7 +38,10 @@ HEAD_DIMS = (32, 64, 96, 128)
 BUILD_FOR = {d: next(D for D in HEAD_DIMS if D >= d) for d in range(1, MAX_D + 1)}
 MMA_M = 16  # rows of one mma.m16n8k16 tile (= MMA_M in flash2_mma.cu)
 SMEM_PAD = 8  # elements of padding per shared-memory row; handed to the kernel as -DSMEM_PAD
-DEFINES = defines_from(SMEM_PAD=SMEM_PAD)
+# A build takes the kernel's ILP loop when its register cap (65536 / (threads * MIN_BLOCKS) per thread) is at least
+# this; handed to the kernel as -DILP_MIN_REGS (see the kernel's header, "Two loops").
+ILP_MIN_REGS = 200
+DEFINES = defines_from(SMEM_PAD=SMEM_PAD, ILP_MIN_REGS=ILP_MIN_REGS)
 ALIGN = 16  # bytes: cp.async and the 4-byte output stores need 16-byte aligned bases
 LOG2E = 1.0 / math.log(2.0)
 DTYPES = ("float16", "bfloat16")
@@ -48,11 +51,27 @@ CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shar
 
 class MmaTile(NamedTuple):
     """The tiling of one flash2_mma build: BC keys per K/V tile, NWARPS warps of MT 16-row m-tiles each, and
-    MIN_BLOCKS, the blocks per SM that __launch_bounds__ asks the compiler to leave registers for."""
+    MIN_BLOCKS, the blocks per SM that __launch_bounds__ asks the compiler to leave registers for.
+
+    ILP picks the kernel's K/V loop: None lets the kernel choose by the register cap (the ILP loop where a thread may
+    have ILP_MIN_REGS registers or more), True / False force the ILP / the row-by-row loop (the kernel's header,
+    "Two loops"; notebook 06 times both)."""
     BC: int
     NWARPS: int
     MT: int
     MIN_BLOCKS: int = 1
+    ILP: bool | None = None
+
+    @property
+    def loop(self) -> str:
+        """"ILP" or "row by row": the K/V loop this tile's build runs (the kernel's IlpBuild, worked out here)."""
+        ilp = 65536 // (self.threads * self.MIN_BLOCKS) >= ILP_MIN_REGS if self.ILP is None else self.ILP
+        return "ILP" if ilp else "row by row"
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        """The compile options of this tile's build: the launcher's DEFINES, plus ILP_MODE when ILP is forced."""
+        return DEFINES if self.ILP is None else DEFINES + defines_from(ILP_MODE=self.ILP)
 
     @property
     def rows(self) -> int:
@@ -78,27 +97,27 @@ class MmaTile(NamedTuple):
             problems.append(f"NWARPS={self.NWARPS} and MT={self.MT} must be >= 1, with at most 32 warps")
         if self.MIN_BLOCKS < 1:
             problems.append(f"MIN_BLOCKS={self.MIN_BLOCKS} must be >= 1")
+        if self.ILP not in (None, True, False):
+            problems.append(f"ILP={self.ILP!r} must be None, True or False")
         if problems:
             raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
-# The default tile per D. Swept on an H100 at B=4, H=32, T=4096 (fp16): at D=64, MmaTile(64, 4, 2, 3) caps the
-# registers at 168 so that three blocks (12 warps) share an SM; in that sweep it took 1.04 / 1.85 ms (causal /
-# not) against 1.12 / 1.97 ms for MmaTile(128, 4, 2) at 255 registers and 8 warps, a margin that other runs
-# put inside the run-to-run spread. At D=128 every tile that fits three blocks spills, and MmaTile(64, 4, 2)
-# at 255 registers is the fastest (it spills 44 bytes too; see the kernel's header).
+# The default tile per D: four warps of two m-tiles (BR = 128 query rows) and 64 keys per K/V tile. At D=64 the
+# fourth number asks for registers for two blocks per SM, enough for the kernel's ILP loop (about 220 registers);
+# three blocks (MIN_BLOCKS=3, 168 registers) fit only the row-by-row loop, which measured slower on an H100 (notebook
+# 06, section 7: the same grid, one run). At D=96 and D=128 the registers allow two blocks per SM whatever the cap
+# asks; D=128 uses all 255 and spills a few bytes (see the kernel's header).
 TILES = {
     32: MmaTile(64, 4, 2, 1),
-    64: MmaTile(64, 4, 2, 3),
+    64: MmaTile(64, 4, 2, 2),
     96: MmaTile(64, 4, 2, 1),
     128: MmaTile(64, 4, 2, 1),
 }
 
 
-# The varlen builds: the same tiles, except D=64 at two blocks per SM (under three blocks' 168-register cap the varlen
-# kernel spills 60 bytes: its row strides are three more live values; see flash2_mma.cu).
+# The varlen kernel (notebook 09) uses the same builds.
 VARLEN_TILES = dict(TILES)
-VARLEN_TILES[64] = MmaTile(64, 4, 2, 2)
 
 
 def name_expression(D: int, tile: MmaTile, dtype: str, kernel: str = KERNEL_NAME) -> str:
@@ -106,10 +125,13 @@ def name_expression(D: int, tile: MmaTile, dtype: str, kernel: str = KERNEL_NAME
            f"{'true' if dtype == 'bfloat16' else 'false'}>"
 
 
-# What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses.
+# What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses, and the
+# row-by-row loop (which no default build takes) on the tile that was D=64's default before the ILP loop.
+ROW_LOOP_TILE = MmaTile(64, 4, 2, 3)
 NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES] + \
                [((name_expression(D, VARLEN_TILES[D], dt, VARLEN_KERNEL_NAME),), DEFINES)
-                for D in HEAD_DIMS for dt in DTYPES]
+                for D in HEAD_DIMS for dt in DTYPES] + \
+               [((name_expression(64, ROW_LOOP_TILE, dt),), ROW_LOOP_TILE.defines) for dt in DTYPES]
 
 
 class Build(NamedTuple):
@@ -130,7 +152,7 @@ def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME
     tile.check(D)
     expr = name_expression(D, tile, dtype, kernel_name)
     smem = tile.smem_bytes(D)
-    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=DEFINES, shared_mem=smem,
+    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=tile.defines, shared_mem=smem,
                         carveout=CARVEOUT_MAX_SHARED)
     return Build(kernel, tile, smem, tile.rows, tile.threads)
 
@@ -138,7 +160,8 @@ def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None):
     """softmax(scale q k^T) v on tensor cores (mma.sync.m16n8k16), FlashAttention-2 loop; optionally the LSE.
 
-    tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS]) tuple) instead of TILES[D] (notebook 06's sweep).
+    tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS[, ILP]]) tuple) instead of TILES[D] (notebook 06's
+    sweep).
     head_major: the order of the grid (see grid_order); None lets grid_order choose, True / False force head-major /
     heads fastest (notebook 06 times both).
     The first call of a problem runs _prepare; later calls with the same shapes, dtype and options reuse its launch

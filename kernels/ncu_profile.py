@@ -4,7 +4,9 @@
 
 fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
 duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
-printed. Notebook 06 shows the table recorded on the H100 (results/h100-ncu.txt). Needs `ncu` on the PATH.
+printed. flash2_mma runs twice per d: with the kernel's row-by-row loop on the tile that was the default before the
+ILP loop ("row loop", the "before" of notebook 06, section 7) and with the default build ("ILP"). Notebook 06 shows
+the table recorded on the H100 (results/h100-ncu.txt). Needs `ncu` on the PATH.
 """
 
 import csv
@@ -26,6 +28,9 @@ METRICS = {
     **{f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s} (cycles/issue)" for s in STALLS},
 }
 KERNELS = "regex:flash2_mma_forward|flash_fwd_kernel"
+# The "before" build per d: the row-by-row loop on the tile that was the default before the ILP loop.
+ROW_LOOP_TILES = {64: (64, 4, 2, 3, False), 128: (64, 4, 2, 1, False)}
+COLUMNS = [f"{n} d={d}" for d in (64, 128) for n in ("mma row loop", "mma ILP", "SDPA flash")]
 
 
 def launch():
@@ -39,23 +44,27 @@ def launch():
 
     for d in (64, 128):
         q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
+        M.forward(q, k, v, causal=False, tile=ROW_LOOP_TILES[d])
         M.forward(q, k, v, causal=False)
         sdpa_peer("sdpa_flash", q, k, v, False)  # launches the flash kernel once, to check that it runs
     cp.cuda.Device().synchronize()
 
 
 def main():
-    cmd = ["ncu", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "-k", KERNELS, "--metrics", ",".join(METRICS),
            sys.executable, "-m", "kernels.ncu_profile", "--launch"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     rows = list(csv.reader(io.StringIO(out[out.index('"ID"'):])))
     head, units = rows[0], rows[1]
     data = [r for r in rows[2:] if r and r[0].isdigit()]
-    names = [("flash2_mma" if "flash2_mma" in r[head.index("Kernel Name")] else "SDPA flash") for r in data]
-    names = [f"{n} d={d}" for n, d in zip(names, (64, 64, 128, 128))]
+    kinds = ["mma" if "flash2_mma" in r[head.index("Kernel Name")] else "SDPA" for r in data]
+    if len(data) != len(COLUMNS) or kinds != [c.split()[0] for c in COLUMNS]:
+        raise RuntimeError(f"expected the launches {COLUMNS}, got kernels {kinds}")
+    names = COLUMNS
     print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one launch of each kernel; command:")
-    print(f"  ncu --csv --page raw -k '{KERNELS}' --metrics <the metrics below> python3 -m kernels.ncu_profile --launch")
-    print(f"{'metric':46s}" + "".join(f"{n:>18s}" for n in names))
+    print(f"  ncu --clock-control none --csv --page raw -k '{KERNELS}' --metrics <the metrics below> "
+          "python3 -m kernels.ncu_profile --launch")
+    print(f"{'metric':46s}" + "".join(f"{n:>19s}" for n in names))
     for key, label in METRICS.items():
         i = head.index(key)
         unit = units[i].strip()
@@ -64,11 +73,11 @@ def main():
         for r in data:
             try:
                 x = float(r[i].replace(",", ""))
-                cells.append(f"{x:18.4g}")
+                cells.append(f"{x:19.4g}")
             except ValueError:
-                cells.append(f"{r[i]:>18s}")
+                cells.append(f"{r[i]:>19s}")
         print(f"{label:46s}" + "".join(cells))
-    print("kernels: " + "; ".join(r[head.index("Kernel Name")][:60] for r in data))
+    print("kernels: " + "; ".join(r[head.index("Kernel Name")][:48] for r in data))
 
 
 if __name__ == "__main__":

@@ -121,3 +121,31 @@ def test_flash2_mma_both_grid_orders(gpu, poison, head_major, causal, Tq, Tk, d)
     for name, got, want in (("o", o, o_ref), ("lse", lse, lse_ref)):
         res = kernels.check(got, want, "float16")
         assert res.ok, f"{name}, head_major={head_major}: {res.detail()}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (100, 7, 64), (257, 33, 32), (1, 257, 96)])
+def test_flash2_mma_two_loops_agree_bit_for_bit(gpu, poison, dtype, causal, Tq, Tk, d):
+    """flash2_mma's ILP loop (unmasked tiles first, the rows' softmax side by side) and its row-by-row loop on the
+    same tile: both within the tolerance of float64, and the same o and lse to the bit (the kernel's header says
+    the arithmetic and its order are the same; a difference would mean they are not)."""
+    from kernels import flash2_mma
+
+    cp = gpu
+    _, dev = _inputs(cp, dtype, Tq, Tk, d, 1.0, seed=Tq + 3 * Tk + d)
+    tile = flash2_mma.TILES[flash2_mma.BUILD_FOR[d]]
+    assert tile.loop == "ILP"  # the default builds take the ILP loop; tile.ILP forces one or the other
+    outs = {}
+    for ilp in (True, False):
+        outs[ilp] = flash2_mma.forward(*dev, causal=causal, return_lse=True, tile=tile._replace(ILP=ilp))
+    o_ref, lse_ref = R.attention(*(x.get().astype(np.float64) for x in dev), causal=causal, return_lse=True)
+    for ilp, (o, lse) in outs.items():
+        for name, got, want in (("o", o, o_ref), ("lse", lse, lse_ref)):
+            res = kernels.check(got, want, dtype)
+            assert res.ok, f"{name}, ILP={ilp}: {res.detail()}"
+    for i, name in enumerate(("o", "lse")):
+        a, b = outs[True][i], outs[False][i]
+        same = (a.view(cp.uint16) == b.view(cp.uint16)) if name == "o" else (a.view(cp.uint32) == b.view(cp.uint32))
+        assert bool(same.all()), \
+            f"{name} differs between the ILP and the row-by-row loop in {int((~same).sum())} elements"

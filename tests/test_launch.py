@@ -92,6 +92,24 @@ def test_flash2_mma_grid_order_rule():
     assert M.grid_order(True, 1, tk + 1, 64, 2, l2)
 
 
+def test_flash2_mma_loop_rule():
+    """MmaTile.loop mirrors the kernel's IlpBuild: the ILP loop where the register cap 65536 / (threads MIN_BLOCKS)
+    reaches ILP_MIN_REGS, unless the tile's ILP forces one; a forced loop reaches the compiler as -DILP_MODE."""
+    from kernels import flash2_mma as M
+
+    assert all(t.loop == "ILP" for t in (*M.TILES.values(), *M.VARLEN_TILES.values()))
+    assert M.MmaTile(64, 4, 2, 3).loop == "row by row"  # 170 registers a thread: below the threshold
+    assert M.MmaTile(64, 4, 2, 2).loop == "ILP"  # 256
+    assert M.MmaTile(64, 8, 2, 1).loop == "ILP" and M.MmaTile(64, 8, 2, 2).loop == "row by row"  # 256, 128
+    assert M.MmaTile(64, 4, 2, 2, False).loop == "row by row" and M.MmaTile(64, 4, 2, 3, True).loop == "ILP"
+    assert M.MmaTile(64, 4, 2, 2).defines == M.DEFINES
+    assert "-DILP_MIN_REGS=%d" % M.ILP_MIN_REGS in M.DEFINES
+    assert M.MmaTile(64, 4, 2, 2, False).defines == M.DEFINES + ("-DILP_MODE=0",)
+    assert M.MmaTile(64, 4, 2, 2, True).defines == M.DEFINES + ("-DILP_MODE=1",)
+    with pytest.raises(ValueError, match=r"ILP='yes' must be None, True or False"):
+        M.MmaTile(64, 4, 2, 2, "yes").check(64)
+
+
 def test_prepared_launch_matches_kernel_call(gpu):
     """_core.Launch (pointers packed per call, constants packed once) writes what a Kernel call writes."""
     cp = gpu
