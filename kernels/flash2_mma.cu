@@ -646,8 +646,9 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
 // cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does not. So by default a
 // build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS keeps the row-by-row
 // loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1 (default) by the cap.
-// The launcher passes it for a tile whose ILP field is set (kernels/flash2_mma.py: MmaTile), so that the two loops
-// can be timed and compared on the same tile.
+// The launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in Python), and
+// ILP_MODE for a tile whose ILP field is set (kernels/flash2_mma.py: MmaTile), so that the two loops can be timed
+// and compared on the same tile.
 #ifndef ILP_MIN_REGS
 #define ILP_MIN_REGS 200
 #endif
