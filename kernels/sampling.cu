@@ -25,10 +25,15 @@
 //                               the k-th largest of each warp's 4 largest thread maxima (kth_max_bound). Usually only
 //                               a few more than k logits reach it, so the gather below follows at once; more than
 //                               CAND_MAX (many equal logits) start the search from it.
-//                   search      the crossing logit v* lies in [lo, hi]; one pass counts, for PIVOTS logits spread
-//                               evenly over [lo, hi], the number (top-k) or the mass (top-p) of the logits above each;
-//                               the pivot where that first reaches k (or p * Z) brackets v* 8 times tighter. Repeat
-//                               until at most CAND_MAX logits are left (1 to 3 rounds for real logits) or lo = hi.
+//                   histogram   (top-p) one pass adds each logit's mass, in 32-bit fixed point, to one of HIST_BINS
+//                               bins of equal width over [min, M]; the bins around p * Z bracket the crossing logit v*
+//                               (usually one bin: a few dozen to a few hundred logits); the gather checks the bracket
+//                               (see "The top-p histogram round" below) and falls back to the search where it fails
+//                   search      (top-k's fall-back, top-p's) the crossing logit v* lies in [lo, hi]; one pass counts,
+//                               for PIVOTS logits spread evenly over [lo, hi], the number (top-k) or the mass (top-p)
+//                               of the logits above each; the pivot where that first reaches k (or p * Z) brackets v* 8
+//                               times tighter. Repeat until at most CAND_MAX logits are left (1 to 3 rounds for real
+//                               logits) or lo = hi.
 //                   gather      the logits of the bracket go to shared memory, sorted by a bitonic sort (value desc,
 //                               index asc). top-k: every logit >= lo (the bound, or the search's lo) is gathered, so
 //                               the first k sorted ARE the top k;
@@ -42,10 +47,11 @@
 //   sample_cluster<CS>  sample_threshold's algorithm with the row read from HBM ONCE (sm_90). A thread-block cluster of
 //                 CS blocks (CLUSTER_THREADS each) per row; block `rank` copies its contiguous slice of the row's
 //                 16-byte groups into dynamic shared memory (cp.async, all in flight) and every pass (max / min / Z,
-//                 the pivot rounds, the gather, the sampling pass, the probs write) reads shared memory. After each
-//                 pass the blocks exchange partial sums through distributed shared memory (mapa + ld.shared::cluster,
-//                 one barrier.cluster per exchange); every block adds all CS partials in rank order, so all hold the
-//                 same totals to the bit and take the same decisions. The gather: each block collects its logits of
+//                 the histogram or the pivot rounds, the gather, the sampling pass, the probs write) reads shared
+//                 memory. After each pass the blocks exchange partial sums through distributed shared memory (mapa +
+//                 ld.shared::cluster, one barrier.cluster per exchange); every block adds all CS partials in rank order,
+//                 so all hold the same totals to the bit and take the same decisions. The histogram's bins are added
+//                 across the cluster as integers (red.shared::cluster.add), so their order does not matter either. The gather: each block collects its logits of
 //                 the bracket, then every block copies all of them and sorts them (CLUSTER_CAND at most). The sampling
 //                 pass: each warp sums its segment of the slice (mass above v*, ties at v*); one warp per block scans
 //                 the cluster's CS * NW segments in index order, and the one warp whose segment crosses u * Z_kept
@@ -62,9 +68,9 @@
 //   reorder_rows grid min(ceil(rows * chunks_per_row / REORDER_THREADS), 65536). sample_cluster<CS>: grid rows * CS
 //   (the cluster dims (CS, 1, 1) are compiled in; the blocks of row r are r * CS .. r * CS + CS - 1), block
 //   CLUSTER_THREADS, dynamic shared memory slice_groups * 16 bytes with slice_groups = ceil(ceil((V + 3) / 4) / CS),
-//   opted in up to the GPU's per-block limit minus the static 11 KB (216 KB on an H100); CS = 16 is non-portable (the
-//   launcher opts in). sampling.cluster_plan picks CS and which kernel runs. Static shared memory otherwise (about
-//   20 KB in sample_threshold). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), sample_cluster
+//   opted in up to the GPU's per-block limit minus the static 27 to 35 KB (about 199 KB on an H100); CS = 16 is
+//   non-portable (the launcher opts in). sampling.cluster_plan picks CS and which kernel runs. Static shared memory
+//   otherwise (about 35 KB in sample_threshold, 16 KB of it the histogram). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), sample_cluster
 //   60 to 64 (the cap for two blocks of 512 an SM), topk_stage1 48, topk_sample<64> and beam_stage2<64> about 155; no
 //   spills.
 // Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
@@ -81,25 +87,25 @@
 //   of a sane range) and then treats [lo, hi] as ties at hi.
 //   sample_cluster: sm_90 and newer (compiled for an older GPU its body is a trap; the launcher never runs it there),
 //   and a row must fit the cluster's shared memory: ceil((V + 3) / 4) / CS groups of 16 bytes per block, so
-//   V <= about 885 000 at CS = 16 on an H100; longer rows run sample_threshold.
-// Numerics: float32, expf (no fast math). The GPU's kept set and token equal the float64 reference's except where a
-//   cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
+//   V <= about 815 000 at CS = 16 on an H100; longer rows run sample_threshold.
+// Numerics: float32; every weight is wexp(d) = exp2f(d * log2 e) (see wexp). The GPU's kept set and token equal the
+//   float64 reference's except where a cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
 // What the next version improves: sample_cluster reads the row once, but its time per row is a chain of short steps,
-//   each behind a barrier (pass 1, the pivot rounds, the gather and sort, the sampling pass): an earlier build with
-//   CLUSTER_CAND = 2048 took at batch 1 about 10 to 22 us for plain sampling and 30 to 75 us with top-k or top-p on an
-//   H100, the candidate sort (up to 66 bitonic steps) and the pivot rounds dominating. CLUSTER_CAND = 512 trades about
-//   one more pivot round (a pass over shared memory and one cluster barrier) for a sort of at most 512 (at most 45
-//   steps) and 24 KB less static shared memory a block. A crossing value with more than CLUSTER_CAND ties (a row of
-//   bf16 logits) still costs pivot rounds until lo = hi (about 8); a round that also finds the min and max inside
-//   the bracket would stop there at once. Where the time goes (clock64 stamps of one block, H100, batch 1,
-//   V = 128256, top-p 0.9, sample_cluster<16>, 45 us a call): load 1 us, pass 1 6 us, four pivot rounds 15 us, gather
-//   and sort of 89 candidates 12 us, sampling pass 4 us, the rest is the launch. Tried and measured, not kept: rounds of a
-//   256-bin histogram (a count and a 64-bit fixed-point mass per bin, so that atomic sums do not depend on their
-//   order) with a one-warp finish over at most 32 candidates: 1 to 7 us faster at batch 1, slower at batch 64 and
-//   256 (the 64-bit shared-memory atomic adds compile to compare-and-swap loops). One sort per cluster instead of one
-//   per block comes next; at large batch, where only a few rows fit in the GPU's shared memory at once, the one-block
-//   kernel stays faster for top-k and top-p (sampling.cluster_plan).
-//   Also bf16/fp16 logits.
+//   each behind a barrier (pass 1, the histogram or the pivot rounds, the gather and sort, the sampling pass).
+//   CLUSTER_CAND = 512 keeps the candidate sort short (at most 45 bitonic steps) and the static shared memory small. A
+//   crossing value with more than CLUSTER_CAND ties (bf16 logits) misses the histogram's check and costs pivot rounds
+//   until lo = hi (about 8); a round that also finds the min and max inside the bracket would stop there at once.
+//   History, measured on an H100 (batch 1, V = 128256, top-p 0.9, sample_cluster<16>): with four pivot rounds a call
+//   took 45 us (clock64 stamps of one block: load 1 us, pass 1 6, rounds 15, gather and sort of 89 candidates 12,
+//   sampling pass 4); the histogram round in their place took it to 37 us, and wexp (exp2f where expf was) to 34 us.
+//   Tried and not kept: histogram rounds with a 64-bit fixed-point mass per bin (the 64-bit shared-memory atomics
+//   compile to compare-and-swap loops, slower at batch 64 and 256); a 2048-bin histogram (at V = 256000 a bin near the
+//   crossing holds more than CLUSTER_CAND logits, so the check fails and the rounds run anyway); the cluster kernel
+//   reading its slice from memory on every pass instead of holding it (within a few percent of holding the row in
+//   more blocks at batch 64, slower elsewhere); the mass sums of the histogram's gather carried on the gather's own
+//   cluster barrier (no change). Where it still falls short (batch 64, V = 256000: 1024 blocks of 92 KB, two an SM,
+//   four waves), fewer passes over the slice would help: pass 1 and the histogram read the same values, and a histogram
+//   keyed to each block's own max could be filled during pass 1. Also bf16/fp16 logits.
 
 #ifndef TOPK_THREADS
 #define TOPK_THREADS 256
@@ -131,6 +137,12 @@
 #ifndef CLUSTER_CAND
 #define CLUSTER_CAND 512
 #endif
+#ifndef HIST_BINS
+#define HIST_BINS 4096
+#endif
+#ifndef HIST_SHIFT
+#define HIST_SHIFT 0  // tests only: moves the histogram's bracket by this many bins, so that its fall-back runs
+#endif
 
 #define SLICE (TOPK_THREADS * TOPK_EPT)
 #ifndef INFINITY  // NVRTC has no <math.h>
@@ -148,6 +160,9 @@ static_assert(TOPK_EPT % 4 == 0 && LOAD_UNROLL >= 1, "16-byte groups");
 static_assert(CLUSTER_THREADS % 32 == 0 && CLUSTER_THREADS <= 1024, "CLUSTER_THREADS: whole warps");
 static_assert((CLUSTER_CAND & (CLUSTER_CAND - 1)) == 0 && CLUSTER_CAND >= 4 * KMAX,
               "CLUSTER_CAND: a power of two (the bitonic sort), room for the top k and more");
+static_assert((HIST_BINS & (HIST_BINS - 1)) == 0 && HIST_BINS % SAMPLE_THREADS == 0 &&
+              HIST_BINS % CLUSTER_THREADS == 0 && HIST_BINS >= 16,
+              "HIST_BINS: a power of two, whole bins per thread of either kernel, and split evenly over 16 blocks");
 
 // ---------------------------------------------------------------------------------------------------------------
 // Philox4x32-10: counter (row, 0, offset_lo, offset_hi), key (seed_lo, seed_hi); u = top 24 bits of word 0 * 2^-24.
@@ -175,6 +190,11 @@ extern "C" __global__ void philox_uniforms(float* __restrict__ out, unsigned lon
 // ---------------------------------------------------------------------------------------------------------------
 // Small helpers: the ranking order, warp and block reductions.
 // ---------------------------------------------------------------------------------------------------------------
+// The weight e^d of a logit, d = (x - M) * inv_t, as 2^(d * log2 e): exp2f is one MUFU.EX2 and a few instructions where
+// expf first reduces its argument. Rounding d * log2 e to float32 moves the weight by at most |d| * 2^-24 relative (a
+// millionth for the weights that matter, d > -20); every weight, sum and comparison in this file uses this one formula.
+__device__ __forceinline__ float wexp(float d) { return exp2f(d * 1.4426950408889634f); }
+
 // a ranks before b: larger value first, ties by the lower index
 __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
     return va > vb || (va == vb && ia < ib);
@@ -412,7 +432,7 @@ topk_sample(const float* __restrict__ partial_v, const int* __restrict__ partial
     // ---- softmax over the k survivors, top-p within them (ranking order) ----
     const float m = top_v[0];
     const bool finite = m > -INFINITY && m < INFINITY;  // NaN fails both
-    if (threadIdx.x < k) w[threadIdx.x] = finite ? expf((top_v[threadIdx.x] - m) * inv_t) : 0.f;
+    if (threadIdx.x < k) w[threadIdx.x] = finite ? wexp((top_v[threadIdx.x] - m) * inv_t) : 0.f;
     __syncthreads();
     if (threadIdx.x == 0) n_kept = top_p_prefix(w, k, top_p);
     __syncthreads();
@@ -471,14 +491,14 @@ __device__ void row_stats(const float* __restrict__ x, int V, float inv_t, float
         if (v > -INFINITY) {
             lo = fminf(lo, v);
             cnt += 1.f;
-            if (v > m) { s = (m > -INFINITY) ? s * expf((m - v) * inv_t) : 0.f; m = v; }
-            s += expf((v - m) * inv_t);
+            if (v > m) { s = (m > -INFINITY) ? s * wexp((m - v) * inv_t) : 0.f; m = v; }
+            s += wexp((v - m) * inv_t);
         }
     };
     for_each_logit<NT>(x, V, visit);
     M = block_max<NT>(m, red);
     mn = -block_max<NT>(-lo, red);
-    float t[2] = {(m > -INFINITY && M < INFINITY) ? s * expf((m - M) * inv_t) : 0.f, cnt};
+    float t[2] = {(m > -INFINITY && M < INFINITY) ? s * wexp((m - M) * inv_t) : 0.f, cnt};
     block_sum<NT, 2>(t, red);
     Z = t[0];
     n = t[1];
@@ -540,7 +560,7 @@ __device__ __forceinline__ void set_pivots(float lo, float hi, float (&piv)[PIVO
 template <bool BY_COUNT>
 __device__ __forceinline__ void count_above(float v, float M, float inv_t, const float (&piv)[PIVOTS],
                                             float (&acc)[2 * PIVOTS]) {
-    const float q = BY_COUNT ? 0.f : expf((v - M) * inv_t);
+    const float q = BY_COUNT ? 0.f : wexp((v - M) * inv_t);
 #pragma unroll
     for (int j = 0; j < PIVOTS; ++j) {
         const bool up = v > piv[j];
@@ -593,6 +613,112 @@ __device__ void bracket(const float* __restrict__ x, int V, float M, float inv_t
     }
 }
 
+// The top-p histogram round (sample_threshold and sample_cluster): one pass that brackets the crossing logit about as
+// tightly as three or four pivot rounds.
+//   bins     HIST_BINS bins of equal width over [mn, M]: bin(v) = (int)min((v - mn) * bscale, HIST_BINS - 1) with
+//            bscale = HIST_BINS / (M - mn). bin() never decreases as v grows, so a run of bins holds an interval of
+//            values, equal logits share a bin, and every logit of a higher bin is larger.
+//   mass     each logit adds its mass exp((x - M) * inv_t) to its bin in fixed point, round(q * 2^31 / Z), with a
+//            32-bit shared-memory atomicAdd. Integer sums do not depend on the order of the additions, so the histogram
+//            and every decision taken from it are the same on every run (float atomics would not be). Z >= 1 (the max
+//            contributes 1) and V <= 2^24, so the total stays below 2^32.
+//   bracket  C(b) = the fixed-point mass of bin b and above. Its rounding errors (at most half a unit a logit, of
+//            either sign) mostly cancel, and the float32 sums that decide later differ a little from exact ones; with
+//            slack = HIST_SLACK * target, the crossing logit's bin lies in [b_lo, b_hi]: b_hi the highest bin with
+//            C(b) >= target - slack, b_lo the highest with C(b) >= target + slack (0 if none). Usually one bin, at
+//            times two. The slack is a bet, not a bound: the check below catches a bracket that misses.
+//   check    the gather collects the logits of bins [b_lo, b_hi] and adds up, in float32, the mass of the logits above
+//            them (mass_hi) and in them (mass_in). When mass_hi < target <= mass_hi + mass_in and the candidates fit,
+//            their scan finds the crossing exactly as after pivot rounds. Otherwise (more candidates than fit, as in a
+//            long run of equal logits, or a bracket that missed) the pivot rounds run from [mn, M]: the same answer,
+//            one histogram pass and one gather later.
+// HIST_SLACK: 2^-14 of the target (on normal logits a bin at the crossing holds 4 to 10 times more mass)
+#define HIST_SLACK 6.103515625e-5f
+struct HistMap {
+    float mn, bscale, M, inv_t, fx;  // fx = 2^31 / Z
+    __device__ __forceinline__ int bin(float v) const {
+        return (int)fminf((v - mn) * bscale, (float)(HIST_BINS - 1));
+    }
+    __device__ __forceinline__ unsigned int fixed(float v) const {
+        return (unsigned int)(wexp((v - M) * inv_t) * fx + 0.5f);
+    }
+};
+
+// Whether the histogram can cut [mn, M] (a finite bscale), and its map.
+__device__ __forceinline__ bool hist_map(float mn, float M, float inv_t, float Z, HistMap& h) {
+    h.mn = mn; h.M = M; h.inv_t = inv_t;
+    h.bscale = (float)HIST_BINS / (M - mn);
+    h.fx = 2147483648.f / fmaxf(Z, 1.f);
+    return mn < M && h.bscale <= 3.0e38f;
+}
+
+// One logit into the block's histogram (-inf and NaN fail v >= mn and add nothing).
+__device__ __forceinline__ void hist_add(float v, const HistMap& h, unsigned int* hist) {
+    if (v >= h.mn) {
+        const unsigned int f = h.fixed(v);
+        if (f) atomicAdd(&hist[h.bin(v)], f);
+    }
+}
+
+// [b_lo, b_hi] from the complete histogram (every thread returns the same). target and slack in fixed-point units.
+// Thread t holds bins t * BPT .. t * BPT + BPT - 1; a suffix scan over the threads gives each its C(b).
+// wsum: NT / 32 words; s_b: 2 ints.
+template <int NT>
+__device__ void hist_bracket(const unsigned int* hist, float target, float slack, unsigned long long* wsum, int* s_b,
+                             int& b_lo, int& b_hi) {
+    constexpr int BPT = HIST_BINS / NT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned long long t_hi = (unsigned long long)(target + slack);
+    const unsigned long long t_lo = target > slack ? (unsigned long long)(target - slack) : 0ull;
+    unsigned int h[BPT];
+    unsigned long long mine = 0ull;
+#pragma unroll
+    for (int j = 0; j < BPT; ++j) { h[j] = hist[tid * BPT + j]; mine += h[j]; }
+    unsigned long long incl = mine;  // the sum over lanes >= this one
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const unsigned long long y = __shfl_down_sync(0xffffffffu, incl, d);
+        if (lane + d < 32) incl += y;
+    }
+    if (lane == 0) wsum[warp] = incl;
+    if (tid == 0) { s_b[0] = -1; s_b[1] = -1; }
+    __syncthreads();
+    unsigned long long c = incl - mine;  // C of the bin above this thread's highest
+    for (int w2 = warp + 1; w2 < NT / 32; ++w2) c += wsum[w2];
+    int lo = -1, hi = -1;
+#pragma unroll
+    for (int j = BPT - 1; j >= 0; --j) {
+        c += h[j];
+        if (hi < 0 && c >= t_lo) hi = tid * BPT + j;
+        if (lo < 0 && c >= t_hi) lo = tid * BPT + j;
+    }
+    if (lo >= 0) atomicMax(&s_b[0], lo);
+    if (hi >= 0) atomicMax(&s_b[1], hi);
+    __syncthreads();
+    const int blo = max(s_b[0], 0), bhi = s_b[1] >= 0 ? s_b[1] : HIST_BINS - 1;
+    b_lo = min(max(blo + HIST_SHIFT, 0), HIST_BINS - 1);
+    b_hi = min(max(bhi + HIST_SHIFT, 0), HIST_BINS - 1);
+    __syncthreads();  // s_b and wsum are read before anyone reuses them
+}
+
+// The gather's test for the histogram's bracket: in bins [b_lo, b_hi] (true), and the masses of the logits above the
+// bracket and in it added to m_hi and m_in.
+struct HistIn {
+    const HistMap& h;
+    int b_lo, b_hi;
+    float& m_hi;
+    float& m_in;
+    __device__ __forceinline__ bool operator()(float v) const {
+        if (!(v >= h.mn)) return false;
+        const int b = h.bin(v);
+        if (b < b_lo) return false;
+        const float q = wexp((v - h.M) * h.inv_t);
+        if (b > b_hi) { m_hi += q; return false; }
+        m_in += q;
+        return true;
+    }
+};
+
 // Bitonic sort of cand[0, nc) in ranking order (value desc, index asc), padded with (-inf, BIG_INDEX) to the next power
 // of two; NT threads, one compare-exchange each per step (looping where there are more pairs than threads).
 template <int NT>
@@ -618,16 +744,16 @@ __device__ void sort_candidates(float* cand_v, int* cand_i, int nc) {
     __syncthreads();
 }
 
-// Gather the logits in [lo, hi] into shared memory and sort them in ranking order (bitonic, on the next power of two);
-// returns how many there are. More than CAND_MAX: returns that count, with CAND_MAX of them kept unsorted (the
-// caller narrows further). Uniform across the block.
-template <int NT>
-__device__ int gather_sort(const float* __restrict__ x, int V, float lo, float hi, float* cand_v, int* cand_i,
-                           int* n_cand) {
+// Gather the logits for which in(v) holds (an interval of values: [lo, hi], or the histogram's bins) into shared
+// memory and sort them in ranking order (bitonic, on the next power of two); returns how many there are. More than
+// CAND_MAX: returns that count, with CAND_MAX of them kept unsorted (the caller narrows further). Uniform across the
+// block. in() is called once for every finite or -inf position of the row and may add to the caller's sums.
+template <int NT, typename In>
+__device__ int gather_sort(const float* __restrict__ x, int V, In& in, float* cand_v, int* cand_i, int* n_cand) {
     if (threadIdx.x == 0) *n_cand = 0;
     __syncthreads();
     auto visit = [&](float v, int i) {
-        if (v >= lo && v <= hi && i >= 0 && i < V) {
+        if (in(v) && i >= 0 && i < V) {
             const int slot = atomicAdd(n_cand, 1);
             if (slot < CAND_MAX) { cand_v[slot] = v; cand_i[slot] = i; }
         }
@@ -643,6 +769,13 @@ __device__ int gather_sort(const float* __restrict__ x, int V, float lo, float h
     return total;
 }
 
+template <int NT>
+__device__ int gather_sort(const float* __restrict__ x, int V, float lo, float hi, float* cand_v, int* cand_i,
+                           int* n_cand) {
+    auto in = [&](float v) { return v >= lo && v <= hi; };
+    return gather_sort<NT>(x, V, in, cand_v, cand_i, n_cand);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The ends that sample_threshold and sample_cluster share, once the candidates sit sorted in shared memory.
 // ---------------------------------------------------------------------------------------------------------------
@@ -651,7 +784,7 @@ __device__ int gather_sort(const float* __restrict__ x, int V, float lo, float h
 // kept (s_n). Every thread of the block returns with the same values in the shared variables.
 __device__ void topk_kept(const float* cand_v, int k, int n_exact, float hi, float M, float inv_t, float top_p, float* w,
                           float& s_vstar, int& s_r, float& s_zp, int& s_n) {
-    if (threadIdx.x < k) w[threadIdx.x] = expf(((threadIdx.x < n_exact ? cand_v[threadIdx.x] : hi) - M) * inv_t);
+    if (threadIdx.x < k) w[threadIdx.x] = wexp(((threadIdx.x < n_exact ? cand_v[threadIdx.x] : hi) - M) * inv_t);
     __syncthreads();
     if (threadIdx.x == 0) {
         const int n = top_p_prefix(w, k, top_p);
@@ -700,7 +833,7 @@ __device__ void crossing_scan(const float* cand_v, int nc, float M, float inv_t,
 #pragma unroll
     for (int e = 0; e < EPC; ++e) {
         const int j = tid * EPC + e;
-        q[e] = j < nc ? expf((cand_v[j] - M) * inv_t) : 0.f;
+        q[e] = j < nc ? wexp((cand_v[j] - M) * inv_t) : 0.f;
         tsum += q[e];
     }
     float incl = tsum;
@@ -742,7 +875,7 @@ __device__ void crossing_scan(const float* cand_v, int nc, float M, float inv_t,
 __device__ __forceinline__ void ties_at_hi(float hi, float M, float inv_t, float target, float mass_hi, float n_in,
                                            float& vstar, int& r, float& zp) {
     vstar = hi;
-    const float qv = expf((hi - M) * inv_t);
+    const float qv = wexp((hi - M) * inv_t);
     const float need = qv > 0.f ? ceilf((target - mass_hi) / qv) : n_in;
     r = (int)fminf(fmaxf(need, 1.f), n_in);
     zp = mass_hi + (float)r * qv;
@@ -765,6 +898,9 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
     __shared__ float s_vstar, s_zp, s_bound;
     __shared__ float scan_g[NT / 32];
     __shared__ int scan_c[NT / 32];
+    __shared__ unsigned int hist[HIST_BINS];
+    __shared__ unsigned long long wsum[NT / 32];
+    __shared__ int s_b[2];
     const long long row = blockIdx.x;
     const float* x = logits + row * V;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -809,22 +945,45 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
         }
     } else if (top_p < 1.0f) {
         const float target = top_p * Z;
-        // ---- top-p: bracket the crossing logit by mass ----
-        float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
-        bracket<NT, false>(x, V, M, inv_t, target, red, lo, hi, mass_hi, n_in);
-        if (n_in <= (float)CAND_MAX && lo < hi) {
-            // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
-            const int nc = gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, &n_cand);
-            crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp,
-                                             vstar, r, zp);
-        } else {
-            // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-            ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
+        bool crossed = false;
+        HistMap hm;
+        if (hist_map(mn, M, inv_t, Z, hm)) {
+            // ---- top-p: the histogram round, one pass: a bracket of one or two bins around the crossing logit ----
+            for (int b = tid; b < HIST_BINS; b += NT) hist[b] = 0u;
+            __syncthreads();
+            auto fill = [&](float v, int) { hist_add(v, hm, hist); };
+            for_each_logit<NT>(x, V, fill);
+            __syncthreads();
+            int b_lo, b_hi;
+            hist_bracket<NT>(hist, target * hm.fx, HIST_SLACK * target * hm.fx, wsum, s_b, b_lo, b_hi);
+            // ---- top-p: gather the bracket's logits, sort, and if it holds the crossing, scan their masses ----
+            float m[2] = {0.f, 0.f};  // the mass above the bracket, in it
+            HistIn in{hm, b_lo, b_hi, m[0], m[1]};
+            const int nc = gather_sort<NT>(x, V, in, cand_v, cand_i, &n_cand);
+            block_sum<NT, 2>(m, red);
+            crossed = nc <= CAND_MAX && m[0] < target && m[0] + m[1] >= target;
+            if (crossed)
+                crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, m[0], target, scan_g, &found, &first_pos, &s_zp,
+                                                 vstar, r, zp);
+        }
+        if (!crossed) {
+            // ---- top-p, the fall-back: bracket the crossing logit by mass with pivot rounds ----
+            float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
+            bracket<NT, false>(x, V, M, inv_t, target, red, lo, hi, mass_hi, n_in);
+            if (n_in <= (float)CAND_MAX && lo < hi) {
+                // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
+                const int nc = gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, &n_cand);
+                crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos,
+                                                 &s_zp, vstar, r, zp);
+            } else {
+                // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
+                ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
+            }
         }
     }
 
     // ---- sample: one pass in index order, block scan of (mass of x > vstar, count of x == vstar) ----
-    const float qv = vstar > -INFINITY ? expf((vstar - M) * inv_t) : 0.f;
+    const float qv = vstar > -INFINITY ? wexp((vstar - M) * inv_t) : 0.f;
     const float target = u * zp;
     const float inv_zp = 1.f / zp;
     const int o = align_origin(x);
@@ -841,7 +1000,7 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
         int c = 0;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            if (v[e] > vstar) g += expf((v[e] - M) * inv_t);
+            if (v[e] > vstar) g += wexp((v[e] - M) * inv_t);
             c += (v[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
         }
         // inclusive warp scans, then across warps
@@ -868,7 +1027,7 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
             if (i >= 0 && i < V) {
                 bool keep = v[e] > vstar;
                 if (v[e] == vstar) { keep = ties < r; ++ties; }
-                const float q = keep ? expf((v[e] - M) * inv_t) : 0.f;
+                const float q = keep ? wexp((v[e] - M) * inv_t) : 0.f;
                 if (keep && q > 0.f) last_kept = i;
                 cum += q;
                 if (keep && q > 0.f && cum > target) atomicMin(&found, i);
@@ -940,6 +1099,16 @@ __device__ __forceinline__ int load_remote(const int* p, unsigned int rank) {
     asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(cluster_address(p, rank)) : "memory");
     return v;
 }
+__device__ __forceinline__ unsigned int load_remote(const unsigned int* p, unsigned int rank) {
+    unsigned int v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_address(p, rank)) : "memory");
+    return v;
+}
+// *p of block `rank` += v, atomically (integer adds: the total does not depend on their order)
+__device__ __forceinline__ void add_remote(unsigned int* p, unsigned int rank, unsigned int v) {
+    asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;" ::"r"(cluster_address(p, rank)), "r"(v)
+                 : "memory");
+}
 // 16 bytes global -> shared without a register (cp.async, L1 bypassed); cp_async_wait_all waits for this thread's.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned int)__cvta_generic_to_shared(smem)),
@@ -1004,12 +1173,14 @@ __device__ void cluster_bracket(const float4* slice, int ng, float M, float inv_
     }
 }
 
-// The logits of the cluster's slices in [lo, hi] (at most CLUSTER_CAND): each block gathers its own into loc, then every
-// block copies all blocks' (in rank order) into cand and sorts them; returns how many. i_base: the index of slice[0].x.
-// last_remote: no exchange follows on this path, so arrive at the final cluster barrier after the copy.
-template <int CS>
-__device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int V, float lo, float hi, float* loc_v,
-                                   int* loc_i, int* n_loc, int* off, float* cand_v, int* cand_i, bool last_remote) {
+// The logits of the cluster's slices for which in(v) holds (an interval of values, as in gather_sort): each block
+// gathers its own into loc, then every block copies all blocks' (in rank order) into cand and sorts them; returns how
+// many there are. More than CLUSTER_CAND: returns that count and copies nothing (the caller narrows first).
+// i_base: the index of slice[0].x. last_remote: no exchange follows on this path, so arrive at the final cluster
+// barrier after the copy.
+template <int CS, typename In>
+__device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int V, In& in, float* loc_v, int* loc_i,
+                                   int* n_loc, int* off, float* cand_v, int* cand_i, bool last_remote) {
     if (threadIdx.x == 0) *n_loc = 0;
     __syncthreads();
     for (int g = threadIdx.x; g < ng; g += CLUSTER_THREADS) {
@@ -1018,7 +1189,7 @@ __device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = i_base + 4 * g + e;
-            if (v4[e] >= lo && v4[e] <= hi && i >= 0 && i < V) {
+            if (in(v4[e]) && i >= 0 && i < V) {
                 const int slot = atomicAdd(n_loc, 1);
                 if (slot < CLUSTER_CAND) { loc_v[slot] = v4[e]; loc_i[slot] = i; }
             }
@@ -1031,11 +1202,15 @@ __device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int 
         for (int r = 0; r < CS; ++r) cnt[r] = load_remote(n_loc, r);
         int o = 0;
 #pragma unroll
-        for (int r = 0; r < CS; ++r) { off[r] = o; o += min(cnt[r], CLUSTER_CAND); }
+        for (int r = 0; r < CS; ++r) { off[r] = o; o += cnt[r]; }
         off[CS] = o;
     }
     __syncthreads();
-    const int nc = min(off[CS], CLUSTER_CAND);
+    const int nc = off[CS];
+    if (nc > CLUSTER_CAND) {
+        if (last_remote) cluster_arrive();
+        return nc;
+    }
     for (int r = 0; r < CS; ++r) {
         const int beg = min(off[r], CLUSTER_CAND), n = min(off[r + 1], CLUSTER_CAND) - beg;
         for (int j = threadIdx.x; j < n; j += CLUSTER_THREADS) {
@@ -1046,6 +1221,37 @@ __device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int 
     if (last_remote) cluster_arrive();
     sort_candidates<CLUSTER_THREADS>(cand_v, cand_i, nc);
     return nc;
+}
+
+template <int CS>
+__device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int V, float lo, float hi, float* loc_v,
+                                   int* loc_i, int* n_loc, int* off, float* cand_v, int* cand_i, bool last_remote) {
+    auto in = [&](float v) { return v >= lo && v <= hi; };
+    return cluster_gather_sort<CS>(slice, ng, i_base, V, in, loc_v, loc_i, n_loc, off, cand_v, cand_i, last_remote);
+}
+
+// The histogram round's pass on the cluster: each block bins its slice into its own hist, then adds its bins into
+// their owners' hsum (bin b lives in block b / (HIST_BINS / CS)) with remote atomic adds, and after a cluster barrier
+// copies the whole sum back into hist (CS = 1: hist is the sum). hist and hsum start zeroed (before the kernel's first
+// cluster barrier).
+template <int CS>
+__device__ void cluster_hist_fill(const float4* slice, int ng, const HistMap& hm, unsigned int* hist,
+                                  unsigned int* hsum) {
+    constexpr int PER = HIST_BINS / CS;
+    for (int g = threadIdx.x; g < ng; g += CLUSTER_THREADS) {
+        const float4 t = slice[g];
+        hist_add(t.x, hm, hist); hist_add(t.y, hm, hist); hist_add(t.z, hm, hist); hist_add(t.w, hm, hist);
+    }
+    __syncthreads();
+    if (CS > 1) {
+        for (int b = threadIdx.x; b < HIST_BINS; b += CLUSTER_THREADS) {
+            const unsigned int h = hist[b];
+            if (h) add_remote(&hsum[b % PER], b / PER, h);
+        }
+        cluster_sync();
+        for (int b = threadIdx.x; b < HIST_BINS; b += CLUSTER_THREADS) hist[b] = load_remote(&hsum[b % PER], b / PER);
+        __syncthreads();
+    }
 }
 #endif  // HAS_CLUSTERS
 
@@ -1068,6 +1274,10 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
     __shared__ int seg_c[NW], seg_cb[NW];    // the cluster), and the mass and ties before it in the row
     __shared__ float w[KMAX], scan_g[NW], s_vstar, s_zp;
     __shared__ int order[KMAX], off[CS + 1], n_loc, found, first_pos, s_r, s_n, s_walk, s_cross;
+    __shared__ unsigned int hist[HIST_BINS], hsum[CS > 1 ? HIST_BINS / CS : 1];  // top-p: this block's bins, the
+    //                                                                                  bins it owns
+    __shared__ unsigned long long wsum[NW];
+    __shared__ int s_b[2];
     const unsigned int rank = cluster_rank();
     const long long row = blockIdx.x / CS;
     const float* x = logits + row * V;
@@ -1077,6 +1287,10 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
     const int ng = max(0, min(slice_groups, (V - o + 3) / 4 - g0));  // and how many it holds
     const int i_base = o + 4 * g0;                        // the index of slice[0].x
     int buf = 0;
+    if (top_p < 1.0f) {  // zeroed before the first cluster barrier, so before any block adds to hsum
+        for (int b = tid; b < HIST_BINS; b += NT) hist[b] = 0u;
+        for (int b = tid; b < (CS > 1 ? HIST_BINS / CS : 0); b += NT) hsum[b] = 0u;
+    }
 
     // ---- load: this block's slice, HBM -> shared memory once (16-byte cp.async, all in flight) ----
     for (int g = tid; g < ng; g += NT) {
@@ -1105,8 +1319,8 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
                 if (v > -INFINITY) {
                     lo = fminf(lo, v);
                     cnt += 1.f;
-                    if (v > m) { s = (m > -INFINITY) ? s * expf((m - v) * inv_t) : 0.f; m = v; }
-                    s += expf((v - m) * inv_t);
+                    if (v > m) { s = (m > -INFINITY) ? s * wexp((m - v) * inv_t) : 0.f; m = v; }
+                    s += wexp((v - m) * inv_t);
                 }
             }
         }
@@ -1116,7 +1330,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, d));
             lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
         }
-        s = (m > -INFINITY && wm < INFINITY) ? s * expf((m - wm) * inv_t) : 0.f;
+        s = (m > -INFINITY && wm < INFINITY) ? s * wexp((m - wm) * inv_t) : 0.f;
         s = warp_reduce(s);
         cnt = warp_reduce(cnt);
         if (lane == 0) { red[warp] = wm; red[32 + warp] = lo; red[64 + warp] = s; red[96 + warp] = cnt; }
@@ -1125,7 +1339,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             float bm = -INFINITY, blo = INFINITY, bs = 0.f, bn = 0.f;
             for (int w2 = 0; w2 < NW; ++w2) { bm = fmaxf(bm, red[w2]); blo = fminf(blo, red[32 + w2]); bn += red[96 + w2]; }
             for (int w2 = 0; w2 < NW; ++w2)
-                bs += (red[w2] > -INFINITY && bm < INFINITY) ? red[64 + w2] * expf((red[w2] - bm) * inv_t) : 0.f;
+                bs += (red[w2] > -INFINITY && bm < INFINITY) ? red[64 + w2] * wexp((red[w2] - bm) * inv_t) : 0.f;
             xch[buf][0] = bm; xch[buf][1] = blo; xch[buf][2] = bs; xch[buf][3] = bn;
         }
         cluster_sync();
@@ -1140,7 +1354,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
 #pragma unroll
             for (int r = 0; r < CS; ++r) { cm = fmaxf(cm, pm[r]); clo = fminf(clo, plo[r]); cn += pn[r]; }
 #pragma unroll
-            for (int r = 0; r < CS; ++r) cs += (pm[r] > -INFINITY && cm < INFINITY) ? ps[r] * expf((pm[r] - cm) * inv_t) : 0.f;
+            for (int r = 0; r < CS; ++r) cs += (pm[r] > -INFINITY && cm < INFINITY) ? ps[r] * wexp((pm[r] - cm) * inv_t) : 0.f;
             tot[0] = cm; tot[1] = clo; tot[2] = cs; tot[3] = cn;
         }
         __syncthreads();
@@ -1181,23 +1395,43 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
         }
     } else if (top_p < 1.0f) {
         const float target = top_p * Z;
-        // ---- top-p: bracket the crossing logit by mass over the cluster ----
-        float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
-        cluster_bracket<CS, false>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, mass_hi, n_in);
-        if (n_in <= (float)CLUSTER_CAND && lo < hi) {
-            // ---- top-p: gather [lo, hi], sort, scan their masses on top of mass_hi (EPC candidates a thread) ----
-            const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, &n_loc, off, cand_v,
-                                                   cand_i, false);
-            crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp, vstar, r,
-                                   zp);
-        } else {
-            // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-            ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
+        bool crossed = false;
+        HistMap hm;
+        if (hist_map(mn, M, inv_t, Z, hm)) {
+            // ---- top-p: the histogram round over the cluster, then the gather of its bracket (as in
+            // sample_threshold; the masses above and in the bracket summed over the cluster) ----
+            cluster_hist_fill<CS>(slice, ng, hm, hist, hsum);
+            int b_lo, b_hi;
+            hist_bracket<NT>(hist, target * hm.fx, HIST_SLACK * target * hm.fx, wsum, s_b, b_lo, b_hi);
+            float m[2] = {0.f, 0.f};
+            HistIn in{hm, b_lo, b_hi, m[0], m[1]};
+            const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, in, loc_v, loc_i, &n_loc, off, cand_v, cand_i,
+                                                   false);
+            cluster_sum<CS, 2>(m, red, xch, tot, buf);
+            crossed = nc <= CLUSTER_CAND && m[0] < target && m[0] + m[1] >= target;
+            if (crossed)
+                crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, m[0], target, scan_g, &found, &first_pos, &s_zp, vstar,
+                                       r, zp);
+        }
+        if (!crossed) {
+            // ---- top-p, the fall-back: bracket the crossing logit by mass over the cluster with pivot rounds ----
+            float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
+            cluster_bracket<CS, false>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, mass_hi, n_in);
+            if (n_in <= (float)CLUSTER_CAND && lo < hi) {
+                // ---- top-p: gather [lo, hi], sort, scan their masses on top of mass_hi (EPC candidates a thread) ----
+                const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, &n_loc, off,
+                                                       cand_v, cand_i, false);
+                crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp, vstar,
+                                       r, zp);
+            } else {
+                // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
+                ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
+            }
         }
     }
 
     // ---- sample: each warp's segment summed, the cluster's segments scanned, one warp walks the crossing one ----
-    const float qv = vstar > -INFINITY ? expf((vstar - M) * inv_t) : 0.f;
+    const float qv = vstar > -INFINITY ? wexp((vstar - M) * inv_t) : 0.f;
     const float target = u * zp;
     const float inv_zp = 1.f / zp;
     const int gw = (slice_groups + NW - 1) / NW;
@@ -1211,7 +1445,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             const int i0 = i_base + 4 * j;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if (v4[e] > vstar) g += expf((v4[e] - M) * inv_t);
+                if (v4[e] > vstar) g += wexp((v4[e] - M) * inv_t);
                 c += (v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
             }
         }
@@ -1277,7 +1511,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             int cl = 0;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if (v4[e] > vstar) gl += expf((v4[e] - M) * inv_t);
+                if (v4[e] > vstar) gl += wexp((v4[e] - M) * inv_t);
                 cl += (in && v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
             }
             float gi = gl;
@@ -1295,7 +1529,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
                 if (in && i >= 0 && i < V) {
                     bool keep = v4[e] > vstar;
                     if (v4[e] == vstar) { keep = ties < r; ++ties; }
-                    const float q = keep ? expf((v4[e] - M) * inv_t) : 0.f;
+                    const float q = keep ? wexp((v4[e] - M) * inv_t) : 0.f;
                     if (keep && q > 0.f) last_kept = i;
                     cum += q;
                     if (keep && q > 0.f && cum > target && hit == BIG_INDEX) hit = i;

@@ -18,13 +18,15 @@ seed, offset  ints in [0, 2^64): row r draws u = Philox4x32-10(key=seed, counter
          boundary, see reference.sampling.cdf_margin).
 
 Two ways to the same tokens (reference/sampling.py states the semantics both follow):
-    top_k_method="threshold" (the default, any k and p), no sort of the row: max and sum, a few pivot rounds that
-                    bracket the top-k (by count) or top-p (by mass) threshold, a gather and sort of the last few
-                    candidates, then the draw (among the k survivors for top-k; one pass in index order otherwise).
+    top_k_method="threshold" (the default, any k and p), no sort of the row: max and sum, then the threshold
+                    bracketed (top-p: by a histogram of the mass in HIST_BINS bins, one pass; top-k: from a bound of the
+                    threads' maxima, or pivot rounds by count, which are also top-p's fall-back), a gather and sort of
+                    the last few candidates, then the draw (among the k survivors for top-k; one pass in index order
+                    otherwise).
                     Two kernels run it:
                     sample_cluster<CS> (sm_90, where a row fits): a cluster of CS blocks per row reads the row from
                         HBM once into their shared memory and runs every pass there, the blocks adding their partial
-                        sums through distributed shared memory. V <= about 885 000 (16 blocks of 216 KB).
+                        sums through distributed shared memory. V <= about 815 000 (16 blocks of 199 KB).
                     sample_threshold: one block per row reading the logits from HBM on every pass.
                     cluster_plan(rows, V, top_k, top_p) picks the kernel and CS from what was measured faster on an
                     H100: the cluster kernel for plain sampling, for top-p up to SMs / 2 rows and for top-k up to
@@ -56,6 +58,7 @@ LOAD_UNROLL = 4  # 16-byte loads in flight per thread in sample_threshold's pass
 REORDER_THREADS = 256
 CLUSTER_THREADS = 512  # threads per block of sample_cluster
 CLUSTER_CAND = 512  # sample_cluster: pivot rounds go on until at most this many logits are left to gather and sort
+HIST_BINS = 4096  # top-p: bins of the histogram round that brackets the crossing logit in one pass
 MIN_BLOCK_GROUPS = 1000  # cluster_plan widens a cluster for a few rows while each block keeps this many groups
 SLICE_TARGET_BYTES = 64 * 1024  # and for many rows until a block's slice is at most this (two blocks fit an SM)
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # blocks per cluster (one row per cluster); 16 is non-portable (opted in, probed)
@@ -68,7 +71,7 @@ MAX_VOCAB = 1 << 24  # counts are float32 sums in sample_threshold: exact below 
 ALIGN = 16
 DEFINES = defines_from(TOPK_THREADS=TOPK_THREADS, TOPK_EPT=TOPK_EPT, SAMPLE_THREADS=SAMPLE_THREADS, PIVOTS=PIVOTS,
                        CAND_MAX=CAND_MAX, LOAD_UNROLL=LOAD_UNROLL, REORDER_THREADS=REORDER_THREADS,
-                       CLUSTER_THREADS=CLUSTER_THREADS, CLUSTER_CAND=CLUSTER_CAND)
+                       CLUSTER_THREADS=CLUSTER_THREADS, CLUSTER_CAND=CLUSTER_CAND, HIST_BINS=HIST_BINS)
 NAME_EXPRESSIONS = (tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
                     + tuple(f"sample_cluster<{cs}>" for cs in CLUSTER_SIZES))
 NVRTC_BUILDS = [(NAME_EXPRESSIONS, DEFINES)]
@@ -117,9 +120,9 @@ def cluster_plan(rows: int, V: int, top_k: int = 0, top_p: float = 1.0, dev: int
     Which kernel (measured on an H100 80GB HBM3, batch 1 / 64 / 256 and V = 32000 / 128256 / 256000, each cluster
     size against sample_threshold: `python3 -m kernels.bench_sampling --cluster N`): sample_cluster is faster for
     plain sampling at every batch; for top-p while rows <= SMs / 2; for top-k while rows * (the smallest cluster that
-    holds a row) <= SMs. Beyond those the one-block kernel is faster: every
-    cluster block holds a slice of one row, so only a few rows fit on the GPU at a time, and each pays the pivot
-    rounds, cluster barriers and the candidate sort one after the other. sample_threshold also runs on GPUs older
+    holds a row) <= SMs. Beyond those the one-block kernel is faster: every cluster block holds a slice of one row,
+    so only a few rows fit on the GPU at a time, and each pays its passes, cluster barriers and the candidate sort one
+    after the other. sample_threshold also runs on GPUs older
     than sm_90 and for rows too long for 16 blocks' shared memory.
     Which size: the smallest cluster that holds the row; for a few rows, wider while rows * size <= SMs and each block
     keeps MIN_BLOCK_GROUPS groups; and at least the size whose slices are at most SLICE_TARGET_BYTES (two blocks an

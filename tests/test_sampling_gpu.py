@@ -401,26 +401,48 @@ def test_small_all_kernels(gpu, poison, cluster):
 
 @pytest.mark.parametrize("cs", SM.CLUSTER_SIZES)
 def test_small_cluster(gpu, poison, cs):
-    """Every path of sample_cluster<cs> on small rows (the compute-sanitizer runs this one): the pivot rounds, the
-    gather across blocks, the top-k draw among the candidates, the sampling pass with and without probs, a row of
-    ties, a row without a finite logit, and blocks that hold no logit at all (V = 5)."""
+    """Every path of sample_cluster<cs> on small rows (the compute-sanitizer runs this
+    one): the histogram round and its gather (a row of normal logits), the pivot rounds (rows of ties, where the
+    histogram's bracket holds too many candidates), the gather across blocks, the top-k draw among the candidates, the
+    sampling pass with and without probs, a row of equal logits, a row without a finite logit, and blocks that hold
+    no logit at all (V = 5)."""
     if not uses_clusters(gpu):
         pytest.skip("thread-block clusters need compute capability >= 9.0")
     ties = make_logits(2, 3001, kind="ties", seed=cs)
-    x = np.concatenate([ties, make_logits(1, 3001, kind="equal"), np.full((1, 3001), -np.inf, np.float32)])
+    x = np.concatenate([ties, make_logits(1, 3001, kind="equal"), make_logits(1, 3001, std=2.0, seed=cs),
+                        np.full((1, 3001), -np.inf, np.float32)])
+    n = len(x) - 1  # the rows with a finite logit
     for k, p in ((0, 0.6), (0, 1.0), (9, 1.0), (9, 0.6)):
         tokens, probs = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=cs, return_probs=True, cluster=cs)
         tokens, probs = tokens.get(), probs.get()
-        kept = probs[:3] > 0
-        check_kept_set(x[:3], 1.0, k, p, kept)
-        assert tokens[3] == 0 and not probs[3].any()
-        check_tokens(x[:3], 1.0, kept, tokens[:3], cs, 0)
-        tokens = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=cs, cluster=cs).get()  # no probs: another route
-        assert tokens[3] == 0
-        check_tokens(x[:3], 1.0, kept, tokens[:3], cs, 0)
+        kept = probs[:n] > 0
+        check_kept_set(x[:n], 1.0, k, p, kept)
+        assert tokens[n] == 0 and not probs[n].any()
+        check_tokens(x[:n], 1.0, kept, tokens[:n], cs, 0)
+        tokens = SM.sample(gpu.asarray(x), top_k=k, top_p=p, seed=cs, cluster=cs).get()  # no probs
+        assert tokens[n] == 0
+        check_tokens(x[:n], 1.0, kept, tokens[:n], cs, 0)
     tiny = make_logits(2, 5, seed=cs)
-    check_tokens(tiny, 1.0, np.ones((2, 5), bool), SM.sample(gpu.asarray(tiny), seed=2, cluster=cs).get(), 2, 0)
+    check_tokens(tiny, 1.0, np.ones((2, 5), bool),
+                 SM.sample(gpu.asarray(tiny), seed=2, cluster=cs).get(), 2, 0)
     gpu.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.parametrize("shift", [-4, 4])
+@pytest.mark.parametrize("cluster", [0, 1, 4])
+def test_histogram_bracket_fall_back(gpu, poison, monkeypatch, shift, cluster):
+    """Top-p's histogram round brackets the crossing logit in one pass; where its bracket misses the crossing (or
+    holds more candidates than fit), the pivot rounds take over. This build moves the bracket HIST_SHIFT bins off
+    (-4: below the crossing, so the mass above it already reaches p; +4: above it, so the mass above and in it falls
+    short), so every row takes that fall-back, which must give the reference's answers too. cluster=0 is
+    sample_threshold, 1 and 4 sample_cluster."""
+    if cluster and not uses_clusters(gpu):
+        pytest.skip("thread-block clusters need compute capability >= 9.0")
+    monkeypatch.setattr(SM, "DEFINES", SM.DEFINES + (f"-DHIST_SHIFT={shift}",))
+    monkeypatch.setattr(SM, "_CLUSTER_KERNELS", {})  # compiled and configured again with the define
+    for V, rows, std, T, p in ((50257, 4, 1.0, 1.0, 0.9), (30001, 3, 2.0, 0.7, 0.5), (3001, 3, 1.0, 1.0, 0.99)):
+        x = make_logits(rows, V, std=std, seed=V + shift)
+        run_case(gpu, x, T, 0, p, seed=5 + cluster, offset=1, cluster=cluster)
 
 
 def test_errors(gpu):
