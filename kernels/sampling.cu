@@ -92,20 +92,27 @@
 //   float64 reference's except where a cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
 // What the next version improves: sample_cluster reads the row once, but its time per row is a chain of short steps,
 //   each behind a barrier (pass 1, the histogram or the pivot rounds, the gather and sort, the sampling pass).
-//   CLUSTER_CAND = 512 keeps the candidate sort short (at most 45 bitonic steps) and the static shared memory small. A
-//   crossing value with more than CLUSTER_CAND ties (bf16 logits) misses the histogram's check and costs pivot rounds
-//   until lo = hi (about 8); a round that also finds the min and max inside the bracket would stop there at once.
+//   CLUSTER_CAND = 512 keeps the candidate sort short (10 of its 45 bitonic steps cross warps) and the static shared
+//   memory small. A crossing value with more than CLUSTER_CAND ties (bf16 logits) misses the histogram's check and costs
+//   pivot rounds until lo = hi (about 8); a round that also finds the min and max inside the bracket would stop there.
 //   History, measured on an H100 (batch 1, V = 128256, top-p 0.9, sample_cluster<16>): with four pivot rounds a call
 //   took 45 us (clock64 stamps of one block: load 1 us, pass 1 6, rounds 15, gather and sort of 89 candidates 12,
 //   sampling pass 4); the histogram round in their place took it to 37 us, and wexp (exp2f where expf was) to 34 us.
+//   Then the gather and sort, 12.6 us of it: the copy of the cluster's candidates walked the blocks one after the
+//   other (two dependent remote loads per block and thread, 5.1 us), and the sort took a barrier per bitonic step
+//   (5.0 us). One remote load pair per candidate, all in flight, and the in-warp steps as shuffles: 0.7 and 3.0 us, and
+//   the call 27 us. At batch 64, V = 256000 (1024 blocks of about 93 KB, two an SM, at most 14 clusters of 16 resident:
+//   five waves) the same change, with the histogram's copy-back of the cluster's bins also kept in flight, took the call
+//   from 236 to 196 us; a block's steps there (stamped before that copy-back change): load 2.2 us, pass 1 7.2,
+//   histogram 7.7 (4 of it the exchange and copy of the bins), bracket 1.5, gather and sort 10.9, crossing 2.1,
+//   sampling pass 4.1.
 //   Tried and not kept: histogram rounds with a 64-bit fixed-point mass per bin (the 64-bit shared-memory atomics
 //   compile to compare-and-swap loops, slower at batch 64 and 256); a 2048-bin histogram (at V = 256000 a bin near the
 //   crossing holds more than CLUSTER_CAND logits, so the check fails and the rounds run anyway); the cluster kernel
 //   reading its slice from memory on every pass instead of holding it (within a few percent of holding the row in
 //   more blocks at batch 64, slower elsewhere); the mass sums of the histogram's gather carried on the gather's own
-//   cluster barrier (no change). Where it still falls short (batch 64, V = 256000: 1024 blocks of 92 KB, two an SM,
-//   four waves), fewer passes over the slice would help: pass 1 and the histogram read the same values, and a histogram
-//   keyed to each block's own max could be filled during pass 1. Also bf16/fp16 logits.
+//   cluster barrier (no change). Next: pass 1 and the histogram read the same values (a histogram keyed to each
+//   block's own max could be filled during pass 1); pass 1's per-block combine runs on one thread; bf16/fp16 logits.
 
 #ifndef TOPK_THREADS
 #define TOPK_THREADS 256
@@ -720,17 +727,50 @@ struct HistIn {
 };
 
 // Bitonic sort of cand[0, nc) in ranking order (value desc, index asc), padded with (-inf, BIG_INDEX) to the next power
-// of two; NT threads, one compare-exchange each per step (looping where there are more pairs than threads).
+// of two (at least 32). Where that fits the block (sort_n <= NT), thread t holds element t in registers through the whole
+// network: a step whose partner t ^ stride lies in the same warp (stride < 32; 35 of the 45 steps for 512 elements)
+// exchanges by shuffle, with no barrier; a wider step goes through cand_v/cand_i (write, barrier, read the partner).
+// Larger sorts (sample_threshold's up to CAND_MAX) loop over pairs in shared memory, one barrier a step.
 template <int NT>
 __device__ void sort_candidates(float* cand_v, int* cand_i, int nc) {
-    int sort_n = 2;
+    int sort_n = 32;
     while (sort_n < nc) sort_n <<= 1;
-    for (int j = nc + threadIdx.x; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
+    const int t = threadIdx.x;
+    if (sort_n <= NT) {
+        const bool act = t < sort_n;  // whole warps (sort_n is a multiple of 32)
+        __syncthreads();  // the candidates written by other threads are visible
+        float v = act && t < nc ? cand_v[t] : -INFINITY;
+        int i = act && t < nc ? cand_i[t] : BIG_INDEX;
+        for (int size = 2; size <= sort_n; size <<= 1) {
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                float pv = v;
+                int pi = i;
+                if (stride >= 32) {
+                    __syncthreads();  // the previous step's reads are done
+                    if (act) { cand_v[t] = v; cand_i[t] = i; }
+                    __syncthreads();
+                    if (act) { pv = cand_v[t ^ stride]; pi = cand_i[t ^ stride]; }
+                } else if (act) {
+                    pv = __shfl_xor_sync(0xffffffffu, v, stride);
+                    pi = __shfl_xor_sync(0xffffffffu, i, stride);
+                }
+                // The pair's first position (t & stride == 0) takes the element that ranks first where this
+                // half-sequence sorts in ranking order ((t & size) == 0), the other one elsewhere.
+                const bool take_first = ((t & stride) == 0) == ((t & size) == 0);
+                if (act && ranks_before(pv, pi, v, i) == take_first) { v = pv; i = pi; }
+            }
+        }
+        __syncthreads();
+        if (act) { cand_v[t] = v; cand_i[t] = i; }
+        __syncthreads();
+        return;
+    }
+    for (int j = nc + t; j < sort_n; j += NT) { cand_v[j] = -INFINITY; cand_i[j] = BIG_INDEX; }
     for (int size = 2; size <= sort_n; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
-            for (int t = threadIdx.x; t < sort_n / 2; t += NT) {
-                const int a = 2 * t - (t & (stride - 1)), b = a + stride;  // the pair (a, b), a < b
+            for (int q = t; q < sort_n / 2; q += NT) {
+                const int a = 2 * q - (q & (stride - 1)), b = a + stride;  // the pair (a, b), a < b
                 const bool desc = (a & size) == 0;  // this half-sequence sorts in ranking order
                 const bool swap = desc ? ranks_before(cand_v[b], cand_i[b], cand_v[a], cand_i[a])
                                        : ranks_before(cand_v[a], cand_i[a], cand_v[b], cand_i[b]);
@@ -1211,12 +1251,13 @@ __device__ int cluster_gather_sort(const float4* slice, int ng, int i_base, int 
         if (last_remote) cluster_arrive();
         return nc;
     }
-    for (int r = 0; r < CS; ++r) {
-        const int beg = min(off[r], CLUSTER_CAND), n = min(off[r + 1], CLUSTER_CAND) - beg;
-        for (int j = threadIdx.x; j < n; j += CLUSTER_THREADS) {
-            cand_v[beg + j] = load_remote(&loc_v[j], r);
-            cand_i[beg + j] = load_remote(&loc_i[j], r);
-        }
+    for (int c = threadIdx.x; c < nc; c += CLUSTER_THREADS) {  // candidate c of the cluster: one pair of loads each
+        int r = 0;
+        while (c >= off[r + 1]) ++r;
+        const float v = load_remote(&loc_v[c - off[r]], r);
+        const int i = load_remote(&loc_i[c - off[r]], r);
+        cand_v[c] = v;
+        cand_i[c] = i;
     }
     if (last_remote) cluster_arrive();
     sort_candidates<CLUSTER_THREADS>(cand_v, cand_i, nc);
@@ -1244,12 +1285,23 @@ __device__ void cluster_hist_fill(const float4* slice, int ng, const HistMap& hm
     }
     __syncthreads();
     if (CS > 1) {
-        for (int b = threadIdx.x; b < HIST_BINS; b += CLUSTER_THREADS) {
-            const unsigned int h = hist[b];
-            if (h) add_remote(&hsum[b % PER], b / PER, h);
+        constexpr int BPT = HIST_BINS / CLUSTER_THREADS;  // bins b = threadIdx.x + j * CLUSTER_THREADS, j < BPT
+        unsigned int h[BPT];
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) h[j] = hist[threadIdx.x + j * CLUSTER_THREADS];
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) {
+            const int b = threadIdx.x + j * CLUSTER_THREADS;
+            if (h[j]) add_remote(&hsum[b % PER], b / PER, h[j]);
         }
         cluster_sync();
-        for (int b = threadIdx.x; b < HIST_BINS; b += CLUSTER_THREADS) hist[b] = load_remote(&hsum[b % PER], b / PER);
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) {  // all BPT remote loads in flight before the first store
+            const int b = threadIdx.x + j * CLUSTER_THREADS;
+            h[j] = load_remote(&hsum[b % PER], b / PER);
+        }
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) hist[threadIdx.x + j * CLUSTER_THREADS] = h[j];
         __syncthreads();
     }
 }
