@@ -20,25 +20,40 @@
 //                    (both operands in shared memory), the online softmax on S's accumulator registers, then
 //                    O += P V by wgmma with P taken straight from registers (the "register-A" form), V from shared
 //                    memory read in its natural (keys, d) layout through an MN-major ("transposed B") descriptor.
-//                    Two schedules keep the tensor cores busy while the softmax runs (next section).
-//   not here         what FlashAttention-3 also has: separate barriers for K and V, a TMA store of O, persistent CTAs
-//                    that overlap one tile's epilogue with the next tile's loads, and FP8.
+//                    Two schedules keep the tensor cores busy while the softmax runs (next section); K and V have
+//                    rings and barriers of their own; with no causal mask the CTAs are persistent.
+//   not here         what FlashAttention-3 also has: a TMA store of O, a dynamic tile scheduler (so that causal
+//                    launches can be persistent too), intra-warpgroup overlap of the O rescale, and FP8.
 //
-// Algorithm (one CTA per (BLOCK_M = 128 query rows, head, batch); grid (ceil(Tq / 128), H, B), last query tile first)
+// Tiles (Shape<D>, from -D BLOCK_M_D64 ... STAGES_D128; kernels/hopper_attn.py picks them per D and mask)
+//   A CTA computes one work tile at a time: BLOCK_M query rows (64 per consumer warpgroup) of one (batch, head),
+//   against K/V tiles of BLOCK_N keys. D = 64: 192 x 128 (three consumer warpgroups: with O only 32 registers a
+//   thread, a CTA has room for a third, and each K/V byte loaded serves 192 rows instead of 128). D = 128: 128 x 176
+//   (fewer, longer K/V tiles: less per-tile overhead for the same products), 128 x 128 under the causal mask.
 //
-//   producer (warpgroup 0, one thread)              consumer warpgroups 1, 2 (query rows 0-63 and 64-127 of the CTA)
-//     TMA  Q tile -> sQ            (q_full)            wait q_full
-//     for j in 0 .. n_tiles-1:                         for j in 0 .. n_tiles-1:
-//       wait  empty[s]                                   wait full[s]
-//       expect full[s] += 2 * KV_TILE_BYTES              S = Q K_j^T         D/16 wgmma m64n128k16, SS form
-//       TMA  K_j -> sK[s], V_j -> sV[s]                  scale, mask, online softmax on S (exp2), O *= alpha
-//       s = s + 1 mod STAGES                             P = 16-bit(S) in registers
-//                                                        O += P V_j          8 wgmma m64nDk16, RS form
-//                                                        arrive empty[s]  (one arrival per consumer warp)
-//                                                      o = O / l, lse = (m + log2 l) ln 2  -> global (rows < Tq)
+// Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
+// c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent")
+//
+//   producer (warpgroup 0, one thread)              consumer warpgroups 1 .. C (64 query rows each)
+//   for each work tile of this CTA:                 for each work tile of this CTA:
+//     wait  q_empty;  TMA Q tile -> sQ  (q_full)      wait q_full
+//     K_0, then for j = 1 .. n_tiles:                 for j in 0 .. n_tiles-1:
+//       K_j (if j < n_tiles), V_{j-1}, each:            wait k_full[s]
+//         wait  k_empty[s] / v_empty[s]                 S = Q K_j^T      D/16 wgmma m64nNk16 (N = BLOCK_N), SS form
+//         expect k_full[s] / v_full[s] += tile bytes    arrive k_empty[s]
+//         TMA  K_j -> sK[s] / V_j -> sV[s]              scale, mask, online softmax on S (exp2), O *= alpha
+//                                                       P = 16-bit(S) in registers
+//                                                       wait v_full[s]
+//                                                       O += P V_j       BLOCK_N/16 wgmma m64nDk16, RS form
+//                                                       arrive v_empty[s]
+//                                                     arrive q_empty (after the tile's last S)
+//                                                     o = O / l, lse = (m + log2 l) ln 2  -> global (rows < Tq)
+//
+//   K_j goes ahead of V_{j-1} because the pipelined loop below needs them in that order. While the consumers write
+//   one tile's O, the producer already loads the next tile's Q, K and V (persistent launches).
 //
 //   That consumer loop is the plain schedule (OVERLAP = 0): every step waits for the one before, so while a warpgroup
-//   computes its softmax (exp2 on the special function unit, 8192 per tile) its tensor-core work is done. Two
+//   computes its softmax (exp2 on the special function unit, 64 BLOCK_N per K/V tile) its tensor-core work is done. Two
 //   schedules, both on by default, fill that gap (kernels/hopper_attn.py can build the kernel without either, to
 //   measure them; the results agree to rounding):
 //
@@ -49,29 +64,31 @@
 //         for j = 1 .. n_tiles - 1:
 //             issue S_j = Q K_j^T;  issue O += P_{j-1} V_{j-1}
 //             wait_group 1 (S_j ready);  softmax(S_j)          <- under the P V products
-//             wait_group 0;  release slot j - 1;  O *= alpha_j;  P_j = 16-bit(p_j)
-//         O += P_{n-1} V_{n-1}; wait; release the last slot
+//             wait_group 0;  release V_{j-1}'s slot;  O *= alpha_j;  P_j = 16-bit(p_j)
+//         O += P_{n-1} V_{n-1}; wait; release the last V slot
 //     P_{j-1} V_{j-1} lands in O before it is scaled by alpha_j = exp2(m_{j-1} - m_j), which is right: both P_{j-1}
-//     and the old O are relative to m_{j-1}. A slot is now held for two iterations, hence 3 stages for D = 128.
-//   PINGPONG = 1, the two consumer warpgroups take turns at issuing their wgmmas (two named barriers, see Turns), so
-//     one warpgroup's products run while the other computes its softmax instead of both competing for the tensor
-//     cores at the same moments.
+//     and the old O are relative to m_{j-1}. K_j's slot is released as soon as S_j is done and V_{j-1}'s once its
+//     product is, so with separate K and V rings two slots each are enough: the load into a slot is issued about an
+//     iteration before the tile is needed.
+//   PINGPONG = 1, the consumer warpgroups take turns, round robin, at issuing their wgmmas (a named barrier each, see
+//     Turns), so one warpgroup's products run while the others compute their softmax instead of all competing for
+//     the tensor cores at the same moments.
 //
 //   n_tiles = ceil(n_end / BLOCK_N) with n_end = Tk, or under the causal mask the first key that no row of the CTA
 //   sees: min(Tk, last_row + Tk - Tq + 1), last_row = min(m0 + BLOCK_M, Tq) - 1. Tiles wholly above the diagonal are
-//   never loaded. The producer and both consumers compute n_tiles with the same function (kv_tiles below), so they
-//   agree on how many times the ring turns. n_tiles = 0 (every row of the CTA sees no key: Tq > Tk under the causal
-//   mask) skips the Q load too; the consumers then write o = 0 and lse = -inf without waiting on anything.
+//   never loaded. The producer and the consumers compute n_tiles with the same function (kv_tiles below), so they
+//   agree on how many times the rings turn. n_tiles = 0 (every row of the work tile sees no key: Tq > Tk under the
+//   causal mask) skips the Q load too; the consumers then write o = 0 and lse = -inf without waiting on anything.
 //
 // Shared memory (dynamic, aligned up to 1024 bytes)
-//   [sQ: BLOCK_M x D][stage 0: sK BLOCK_N x D, sV BLOCK_N x D][stage 1 ...] ... STAGES stages, 16-bit elements.
+//   [sQ: BLOCK_M x D][slot 0: sK BLOCK_N x D, sV BLOCK_N x D][slot 1 ...] ... STAGES slots, 16-bit elements.
 //   Every tile is stored in the 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B, wgmma's swizzle mode 1): a row of
 //   64 elements (128 bytes) is eight 16-byte chunks, chunk c of row r stored at position c ^ (r % 8); see
 //   hopper_gemm.cu for the picture. A 128-byte swizzle row holds at most 64 16-bit elements, so a D = 128 tile is
 //   stored as two column halves, each its own R x 64 swizzled block (R rows x 128 bytes), half h at h * R * 128 bytes;
 //   one TMA box (64 columns x R rows) fills one half. D = 64 has one half.
 //
-//       sK (D = 128, BLOCK_N = 128):   [ keys 0..127, d 0..63   : 16 KB ][ keys 0..127, d 64..127 : 16 KB ]
+//       sK (D = 128, BLOCK_N = 176):   [ keys 0..175, d 0..63   : 22 KB ][ keys 0..175, d 64..127 : 22 KB ]
 //
 // S = Q K^T: both operands K-major (d contiguous), as in hopper_gemm.cu (imm-trans-a = imm-trans-b = 0)
 //   k-step kk (d elements 16 kk .. 16 kk + 15) lies in half kk / 4 at byte 32 (kk % 4) of each row, so the start
@@ -86,17 +103,17 @@
 //     - along N: 64 contiguous elements = one 128-byte swizzled row; the next 64 N-elements lie LBO bytes further
 //     - along K: 8 rows of 128 bytes form one 1024-byte swizzle atom; the next 8 K-rows lie SBO bytes further
 //   Our sV half-blocks are exactly that: one key per 128-byte row, keys r and r + 8 1024 bytes apart (SBO = 1024),
-//   d columns 64..127 in the second half, BLOCK_N * 128 = 16 KB further (LBO = 16384; unused when D = 64, where one
-//   64-element row covers all of N). k-step kk (keys 16 kk .. 16 kk + 15) starts at row 16 kk: sV + kk * 2048, a
-//   multiple of 1024, so the descriptor's base offset stays 0. Note that the meaning of the two offset fields swaps
-//   compared with the K-major case: there SBO walks the M/N axis and LBO is unused.
+//   d columns 64..127 in the second half, BLOCK_N * 128 bytes further (LBO = 22528 for 176 keys; unused when D = 64,
+//   where one 64-element row covers all of N). k-step kk (keys 16 kk .. 16 kk + 15) starts at row 16 kk:
+//   sV + kk * 2048, a multiple of 1024, so the descriptor's base offset stays 0. Note that the meaning of the two
+//   offset fields swaps compared with the K-major case: there SBO walks the M/N axis and LBO is unused.
 //
 // The register-A operand of wgmma
 //   For m64nNk16 with 16-bit A in registers, each thread holds four 32-bit registers a0..a3 of the 64 x 16 A tile:
 //   warp w of the warpgroup owns rows 16 w .. 16 w + 15, lane = 4 g + t:
 //     a0 = A[16 w + g][2 t, 2 t + 1]      a1 = A[16 w + g + 8][2 t, 2 t + 1]
 //     a2 = A[16 w + g][2 t + 8, + 9]      a3 = A[16 w + g + 8][2 t + 8, + 9]       (low half = the lower column)
-//   (the mma.sync m16n8k16 A fragment, one per warp). The float32 accumulator of S = Q K^T (m64n128) gives thread
+//   (the mma.sync m16n8k16 A fragment, one per warp). The float32 accumulator of S = Q K^T (m64nN) gives thread
 //   (w, g, t) the values
 //     s[4 i + 0, 1] = S[16 w + g][8 i + 2 t, + 1]      s[4 i + 2, 3] = S[16 w + g + 8][8 i + 2 t, + 1]
 //   so for k-step kk of P V (keys 16 kk .. 16 kk + 15 = column groups i = 2 kk and 2 kk + 1):
@@ -115,27 +132,36 @@
 //   under the causal mask, the diagonal of this warpgroup's rows are masked.
 //
 // mbarriers and their phases (as in hopper_gemm.cu)
-//   q_full: 1 arrival (the producer's arrive.expect_tx of Q_BYTES) + Q_BYTES of TMA; waited once, parity 0.
-//   full[s]: 1 arrival + 2 * KV_TILE_BYTES (K and V); consumers wait parity `phase`.
-//   empty[s]: one arrival per consumer warp (8); the producer waits parity `phase ^ 1` (a fresh barrier reports the
-//   phase before its first as complete, so the first pass through the ring does not wait). Both sides flip `phase`
-//   whenever s wraps to 0. TMA counts the whole box, including the parts past Tq / Tk that it fills with zeros.
+//   q_full: 1 arrival (the producer's arrive.expect_tx of Q_BYTES) + Q_BYTES of TMA, once per work tile that loads Q.
+//   q_empty: one arrival per consumer warp, once per such work tile, after its last S = Q K^T: the next Q may land.
+//   k_full[s], v_full[s]: 1 arrival + KV_TILE_BYTES of TMA; consumers wait parity `phase`.
+//   k_empty[s], v_empty[s]: one arrival per consumer warp (8 or 12); the producer waits parity `phase ^ 1` (a fresh
+//   barrier reports the phase before its first as complete, so the first pass through a ring does not wait).
+//   Each side keeps a position (slot, phase) per ring and flips `phase` whenever the slot wraps to 0; the positions
+//   run on from one work tile to the next. TMA counts the whole box, including the parts past Tq / Tk that it fills
+//   with zeros.
 //
 // Launch configuration
-//   grid  = (ceil(Tq / BLOCK_M), H, B): blockIdx.x counts query tiles from the last (the longest under the mask)
-//   block = 384 threads: warpgroup 0 the producer (one thread issues TMA, the rest idle), warpgroups 1, 2 consumers
-//   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack):
-//     D = 64: STAGES = 4: 16384 + 4 * 32768 + 1024 = 148480 bytes;  D = 128: STAGES = 3: 32768 + 3 * 65536 + 1024 =
-//     230400 bytes (static: the mbarriers). SMEM_BYTES below; kernels/hopper_attn.py mirrors it (a test ties them).
-//   registers: __launch_bounds__(384, 1) gives 168 per thread; setmaxnreg moves them from the producer warpgroup
-//   (down to 24) to the consumers (up to 240), which hold S (64 float32), O (D / 2 float32) and P (32 x 32-bit).
-//   Three CUtensorMaps (Q, K, V: (D, T, B*H) 16-bit tensors read in boxes of 64 x 128 with the 128-byte swizzle,
-//   built on the host by cuTensorMapEncodeTiled) are `const __grid_constant__` parameters.
+//   grid  = (G): G = m_count * heads (one CTA per work tile; the GPU starts the next CTA as an SM frees up), or the
+//           number of SMs (persistent: the launcher's choice without the causal mask, where all work tiles cost the
+//           same; under the mask a fixed round robin would give some SMs only the long tiles).
+//   block = 128 (1 + C) threads: warpgroup 0 the producer (one thread issues TMA, the rest idle), then C = 2 or 3
+//           consumer warpgroups.
+//   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64
+//           (192 x 128, 4 slots), 214016 at D = 128 (128 x 176, 2 slots), 164864 under the causal mask (128 x 128,
+//           2 slots); the barriers are static. SMEM_BYTES below; kernels/hopper_attn.py mirrors it (a test ties them).
+//   registers: __launch_bounds__(THREADS, 1) gives 168 per thread for 384 threads, 128 for 512; setmaxnreg moves them
+//           from the producer warpgroup (down to 24 or 32) to the consumers (up to 240 or 160), which hold S
+//           (BLOCK_N / 2 float32), O (D / 2 float32) and P (BLOCK_N / 4 x 32-bit).
+//   Three CUtensorMaps (Q, K, V: (D, T, B*H) 16-bit tensors read in boxes of 64 columns x BLOCK_M (Q) or BLOCK_N
+//   (K, V) rows with the 128-byte swizzle, built on the host by cuTensorMapEncodeTiled) are `const __grid_constant__`
+//   parameters.
 //
 // Limits (checked by kernels/hopper_attn.py before launch)
 //   Hopper only: built for sm_90a; any other target (the course's compile test for sm_80..sm_90, `nvcc -c` alone)
 //   leaves the Hopper code out and the entry points are stubs that trap. D in {64, 128}; q, k, v C-contiguous and
-//   16-byte aligned (TMA); any Tq, Tk >= 1 (TMA zero-fills the rows of a box past the end, stores are guarded).
+//   16-byte aligned (TMA); any Tq, Tk >= 1 (TMA zero-fills the rows of a box past the end, stores are guarded);
+//   m_count * heads work tiles below 2^30 (their indices, plus gridDim.x, stay 32-bit).
 //
 // Numerics
 //   16-bit products, float32 sums (wgmma accumulators), softmax in float32 with ex2.approx.ftz; P rounded to the
@@ -147,65 +173,77 @@ typedef unsigned long long u64;
 
 #define DEVICE __device__ __forceinline__
 
-// ---- tile sizes (the launcher passes them with -D; these defaults are what `nvcc -c` alone sees) ----
-#ifndef BLOCK_M
-#define BLOCK_M 128
+// ---- tile sizes per head dimension (the launcher passes them with -D; these defaults are what `nvcc -c` sees) ----
+#ifndef BLOCK_M_D64
+#define BLOCK_M_D64 192    // query rows per CTA: three consumer warpgroups of 64
 #endif
-#ifndef BLOCK_N
-#define BLOCK_N 128
+#ifndef BLOCK_N_D64
+#define BLOCK_N_D64 128    // keys per K/V tile
 #endif
 #ifndef STAGES_D64
-#define STAGES_D64 4
+#define STAGES_D64 4       // K/V ring slots
+#endif
+#ifndef BLOCK_M_D128
+#define BLOCK_M_D128 128   // two consumer warpgroups
+#endif
+#ifndef BLOCK_N_D128
+#define BLOCK_N_D128 176   // the launcher builds 128 for the causal mask (fewer keys past the diagonal)
 #endif
 #ifndef STAGES_D128
-#define STAGES_D128 3
+#define STAGES_D128 2
 #endif
 #ifndef OVERLAP
 #define OVERLAP 1      // 1: the softmax of tile j runs while O += P V of tile j - 1 is on the tensor cores
 #endif
 #ifndef PINGPONG
-#define PINGPONG 1     // 1: the two consumer warpgroups take turns at the tensor cores (named barriers)
+#define PINGPONG 1     // 1: the consumer warpgroups take turns at the tensor cores (named barriers)
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
 constexpr int WARPGROUP = 128;                              // 4 warps issue one wgmma together
 constexpr int WGMMA_M = 64, WGMMA_K = 16;
-constexpr int CONSUMERS = BLOCK_M / WGMMA_M;                // consumer warpgroups, 64 query rows each
-constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);        // + 1 producer warpgroup
 constexpr int SWIZZLE_BYTES = 128;                          // one 128-byte swizzle row
 constexpr int SWIZZLE_ELEMS = SWIZZLE_BYTES / ELEM_BYTES;   // 64 elements: one TMA box's width, one tile "half"
 constexpr int SWIZZLE_ATOM = 8 * SWIZZLE_BYTES;             // 8 rows: the period of the XOR pattern (1024 bytes)
 constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // every tile starts on a swizzle-atom boundary
-constexpr int S_ACC = WGMMA_M * BLOCK_N / WARPGROUP;        // float32 S accumulators per consumer thread (64)
-constexpr int P_REGS = S_ACC / 2;                           // P as 16-bit pairs (32 registers)
-constexpr int PV_STEPS = BLOCK_N / WGMMA_K;                 // k-steps of O += P V (8)
 constexpr int SMEM_LIMIT = 227 * 1024;                      // static + dynamic shared memory a block may have
-constexpr int PRODUCER_REGS = 24;                          // setmaxnreg: the producer warpgroup gives registers up
-constexpr int CONSUMER_REGS = 240;                          // ... and the consumers take them
-constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;        // what __launch_bounds__(THREADS, 1) leaves: 168
+constexpr int REGISTER_FILE = 65536;                        // 32-bit registers per SM
 
-static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows (setmaxnreg's budget assumes 384 threads)");
-static_assert(BLOCK_N == 128, "S is one m64n128k16 wgmma chain per warpgroup; the TMA boxes of Q, K, V are alike");
-static_assert(BLOCK_M == BLOCK_N, "one tensor-map box shape (64 x 128) serves Q, K and V");
-static_assert(PV_STEPS * 4 == P_REGS, "each P V k-step takes four 32-bit A registers");
-static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 && CONSUMER_REGS <= 256,
-              "setmaxnreg takes multiples of 8 in [24, 256]");
-static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
-              "the consumers cannot take more registers than the producer gives up");
-
-// The per-head-dimension sizes: D = 64 (one 64-column half per tile) or 128 (two halves).
+// Everything that follows from the head dimension D: the tile (BLOCK_M query rows x BLOCK_N keys), the ring, the
+// warpgroups and how setmaxnreg shares the register file among them.
 template <int D> struct Shape {
     static_assert(D == 64 || D == 128, "head dimension 64 or 128");
-    static constexpr int HALVES = D / SWIZZLE_ELEMS;                 // 64-column swizzled blocks per tile row
+    static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : BLOCK_M_D128;
+    static constexpr int BLOCK_N = D == 64 ? BLOCK_N_D64 : BLOCK_N_D128;
     static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int CONSUMERS = BLOCK_M / WGMMA_M;              // consumer warpgroups, 64 query rows each
+    static constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);      // + 1 producer warpgroup
+    static constexpr int CONSUMER_WARPS = CONSUMERS * WARPGROUP / 32;  // arrivals that release a ring slot
+    static constexpr int LAUNCH_REGS = REGISTER_FILE / THREADS / 8 * 8;  // __launch_bounds__(THREADS, 1): 168 / 128
+    // setmaxnreg: the producer warpgroup gives registers up, the consumers take them (2 consumers: 24 + 2 x 240 =
+    // 3 x 168; 3 consumers: 32 + 3 x 160 = 4 x 128)
+    static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int HALVES = D / SWIZZLE_ELEMS;                 // 64-column swizzled blocks per tile row
+    static constexpr int S_ACC = WGMMA_M * BLOCK_N / WARPGROUP;      // float32 S accumulators per thread (BLOCK_N / 2)
+    static constexpr int P_REGS = S_ACC / 2;                         // P as 16-bit pairs
+    static constexpr int PV_STEPS = BLOCK_N / WGMMA_K;               // k-steps of O += P V
+    static constexpr int O_ACC = WGMMA_M * D / WARPGROUP;            // float32 O accumulators per thread (32 or 64)
+    static constexpr int QK_STEPS = D / WGMMA_K;                     // k-steps of S = Q K^T (4 or 8)
     static constexpr int Q_BYTES = BLOCK_M * D * ELEM_BYTES;         // what TMA delivers to q_full
-    static constexpr int KV_TILE_BYTES = BLOCK_N * D * ELEM_BYTES;   // one K or one V tile
-    static constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;            // K and V: what TMA delivers to full[s]
+    static constexpr int KV_TILE_BYTES = BLOCK_N * D * ELEM_BYTES;   // one K or one V tile: what k_full / v_full get
+    static constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;            // slot s: K then V
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + SMEM_ALIGN;  // the launcher's request
-    static constexpr int O_ACC = WGMMA_M * D / WARPGROUP;           // float32 O accumulators per thread (32 or 64)
-    static constexpr int QK_STEPS = D / WGMMA_K;                    // k-steps of S = Q K^T (4 or 8)
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "BLOCK_M = 128 or 192: two or three consumer warpgroups");
+    static_assert(BLOCK_N == 128 || BLOCK_N == 176 || BLOCK_N == 192, "S = Q K^T is one m64nNk16 chain, N = BLOCK_N");
+    static_assert(BLOCK_M <= 256 && BLOCK_N <= 256, "a TMA box is at most 256 rows");
+    static_assert(PV_STEPS * 4 == P_REGS, "each P V k-step takes four 32-bit A registers");
+    static_assert(PRODUCER_REGS >= 24 && CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256,
+                  "setmaxnreg takes multiples of 8 in [24, 256]");
+    static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
+                  "the consumers cannot take more registers than the producer gives up");
     static_assert(STAGES >= 2 && STAGES <= 8, "the ring needs 2..8 slots");
-    static_assert(SMEM_BYTES + 2 * 8 * (STAGES + 1) <= SMEM_LIMIT, "Q, the ring and the barriers fit in 227 KB");
+    static_assert(SMEM_BYTES + 8 * (2 + 4 * STAGES) <= SMEM_LIMIT, "Q, the ring and the barriers fit in 227 KB");
     static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_TILE_BYTES % SMEM_ALIGN == 0, "tiles start on 1024-byte bounds");
 };
 
@@ -219,7 +257,6 @@ struct alignas(64) TensorMap {
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-constexpr int CONSUMER_WARPS = CONSUMERS * WARPGROUP / 32;  // arrivals that release a ring slot (8)
 constexpr float LN2 = 0.6931471805599453f;
 #define NEG_INF __int_as_float(0xff800000)                  // -inf (NVRTC has no math.h for INFINITY)
 
@@ -292,30 +329,51 @@ DEVICE u64 make_descriptor(u32 addr, u32 leading_bytes, u32 stride_bytes) {
 DEVICE u64 kmajor_descriptor(u32 addr) { return make_descriptor(addr, 16, SWIZZLE_ATOM); }
 // MN-major (V for O = P V, with imm-trans-b = 1): the next 64 d-columns are a whole half-block further
 // (LBO = BLOCK_N * 128 bytes), the next 8 keys one swizzle atom further (SBO = 1024). See the header.
-DEVICE u64 mnmajor_descriptor(u32 addr) { return make_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM); }
+template <int BLOCK_N> DEVICE u64 mnmajor_descriptor(u32 addr) {
+    return make_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
+}
 
 // ---- the wgmma instructions: accumulator lists written out (PTX wants each register named) ----
-#define ACC_LIST32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define ACC_LIST64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+#define REGS_16 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS_32 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+#define REGS_48 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS_64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+#define REGS_80 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define REGS_88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define ACC_LIST32 "{" REGS_0 REGS_16 "}"
+#define ACC_LIST64 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 "}"
+#define ACC_LIST88 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 "}"
+#define ACC_LIST96 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 REGS_88 "}"
 #define ACC8(x, i) "+f"(x[i]), "+f"(x[i + 1]), "+f"(x[i + 2]), "+f"(x[i + 3]), \
                    "+f"(x[i + 4]), "+f"(x[i + 5]), "+f"(x[i + 6]), "+f"(x[i + 7])
 #define ACC32(x) ACC8(x, 0), ACC8(x, 8), ACC8(x, 16), ACC8(x, 24)
 #define ACC64(x) ACC32(x), ACC8(x, 32), ACC8(x, 40), ACC8(x, 48), ACC8(x, 56)
+#define ACC88(x) ACC64(x), ACC8(x, 64), ACC8(x, 72), ACC8(x, 80)
+#define ACC96(x) ACC88(x), ACC8(x, 88)
 
-// S (64 x 128, float32) = A (64 x 16) B^T + (accumulate ? S : 0): both operands K-major in shared memory
-// (SS form: imm-scale-a = imm-scale-b = 1, imm-trans-a = imm-trans-b = 0). %64 = A desc, %65 = B desc, %66 = flag.
-#define WGMMA_SS_N128(TYPE) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " \
-                 ACC_LIST64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
-                 : ACC64(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+// S (64 x N, float32) = A (64 x 16) B^T + (accumulate ? S : 0), N = BLOCK_N = 128, 176 or 192 (N / 2 accumulators
+// per thread): both operands K-major in shared memory (SS form: imm-scale-a = imm-scale-b = 1, imm-trans-a =
+// imm-trans-b = 0). After the N / 2 accumulators come the A descriptor, the B descriptor and the accumulate flag.
+#define SS_N128(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " ACC_LIST64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
+    : ACC64(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define SS_N176(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPE "." TYPE " " ACC_LIST88 ", %88, %89, p, 1, 1, 0, 0;\n}\n" \
+    : ACC88(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define SS_N192(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " " ACC_LIST96 ", %96, %97, p, 1, 1, 0, 0;\n}\n" \
+    : ACC96(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
-template <bool BF16> DEVICE void wgmma_ss_n128(float (&s)[S_ACC], u64 desc_a, u64 desc_b, int accumulate) {
-    if constexpr (BF16) { WGMMA_SS_N128("bf16"); } else { WGMMA_SS_N128("f16"); }
+template <bool BF16, int N> DEVICE void wgmma_ss(float (&s)[N], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(N == 64 || N == 88 || N == 96, "S tiles of 128, 176 or 192 keys");
+    if constexpr (N == 64) {
+        if constexpr (BF16) { SS_N128("bf16"); } else { SS_N128("f16"); }
+    } else if constexpr (N == 88) {
+        if constexpr (BF16) { SS_N176("bf16"); } else { SS_N176("f16"); }
+    } else {
+        if constexpr (BF16) { SS_N192("bf16"); } else { SS_N192("f16"); }
+    }
 }
 
 // O (64 x N, float32) += A (64 x 16, 16-bit, four registers a[0..3] per thread) B, B (16 x N) N-major in shared
@@ -369,7 +427,7 @@ DEVICE void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n
 
 // The number of K/V tiles the CTA whose first query row is m0 visits (see the header). Producer and consumers both
 // call this, so they agree on the ring's turns.
-__device__ __forceinline__ int kv_tiles(int m0, int Tq, int Tk, int causal) {
+template <int BLOCK_M, int BLOCK_N> DEVICE int kv_tiles(int m0, int Tq, int Tk, int causal) {
     int n_end = Tk;
     if (causal) {
         const int last_row = min(m0 + BLOCK_M, Tq) - 1;
@@ -380,29 +438,29 @@ __device__ __forceinline__ int kv_tiles(int m0, int Tq, int Tk, int causal) {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---------------------------------------------------------------------------------------------
-// The consumer's steps, each on one warpgroup's 64 query rows
+// The consumer's steps, each on one warpgroup's 64 query rows (T = Shape<D>)
 // ---------------------------------------------------------------------------------------------
 
 // Issue S = Q K^T (D / 16 wgmmas, both operands K-major in shared memory) as one commit group, without waiting.
 // The first k-step overwrites S (accumulate = 0), so S needs no clearing.
-template <int D, bool BF16> DEVICE void issue_qk(float (&acc_s)[S_ACC], u32 sQ_wg, u32 sK) {
+template <class T, bool BF16> DEVICE void issue_qk(float (&acc_s)[T::S_ACC], u32 sQ_wg, u32 sK) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / WGMMA_K; ++kk) {       // half kk / 4, byte 32 (kk % 4) within each row
+    for (int kk = 0; kk < T::QK_STEPS; ++kk) {       // half kk / 4, byte 32 (kk % 4) within each row
         const u32 off = (kk % 4) * WGMMA_K * ELEM_BYTES;
-        wgmma_ss_n128<BF16>(acc_s, kmajor_descriptor(sQ_wg + (kk / 4) * BLOCK_M * SWIZZLE_BYTES + off),
-                            kmajor_descriptor(sK + (kk / 4) * BLOCK_N * SWIZZLE_BYTES + off), kk > 0);
+        wgmma_ss<BF16>(acc_s, kmajor_descriptor(sQ_wg + (kk / 4) * T::BLOCK_M * SWIZZLE_BYTES + off),
+                       kmajor_descriptor(sK + (kk / 4) * T::BLOCK_N * SWIZZLE_BYTES + off), kk > 0);
     }
     wgmma_commit();
 }
 
 // Issue O += P V (BLOCK_N / 16 wgmmas, P from registers, V N-major in shared memory) as one commit group.
-template <bool BF16, int N> DEVICE void issue_pv(float (&acc_o)[N], const u32 (&p)[P_REGS], u32 sV) {
+template <class T, bool BF16> DEVICE void issue_pv(float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS], u32 sV) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < PV_STEPS; ++kk) {          // keys 16 kk .. 16 kk + 15: rows 16 kk of each half
+    for (int kk = 0; kk < T::PV_STEPS; ++kk) {       // keys 16 kk .. 16 kk + 15: rows 16 kk of each half
         const u32 a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        wgmma_rs<BF16>(acc_o, a, mnmajor_descriptor(sV + kk * WGMMA_K * SWIZZLE_BYTES));
+        wgmma_rs<BF16>(acc_o, a, mnmajor_descriptor<T::BLOCK_N>(sV + kk * WGMMA_K * SWIZZLE_BYTES));
     }
     wgmma_commit();
 }
@@ -418,11 +476,12 @@ struct RowInfo {
 };
 
 // Scale one tile of S to log2 units, in place, setting masked scores to -inf (MASK: only tiles that reach past Tk or
-// the causal diagonal), and return each of the thread's two rows' maximum over its 32 values of the tile. Two
+// the causal diagonal), and return each of the thread's two rows' maximum over its values of the tile. Two
 // instantiations, so that the tiles with no mask (nearly all of them) carry no per-element test at all.
-template <bool MASK> DEVICE void scale_and_mask(float (&acc_s)[S_ACC], float (&tile_max)[2], const RowInfo& r, int n0) {
+template <bool MASK, int N>
+DEVICE void scale_and_mask(float (&acc_s)[N], float (&tile_max)[2], const RowInfo& r, int n0) {
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i) {
+    for (int i = 0; i < N / 4; ++i) {                // column groups of 8: BLOCK_N / 8 = N / 4
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -440,11 +499,13 @@ template <bool MASK> DEVICE void scale_and_mask(float (&acc_s)[S_ACC], float (&t
     }
 }
 
-// One tile of the online softmax, in place (see the header): S (float32 scores of keys n0 .. n0 + 127) becomes
-// p = exp2(x - m') with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial row_sum
-// (l) are brought up to date; alpha = exp2(m - m') is returned for O, which the caller rescales.
-DEVICE void online_softmax(float (&acc_s)[S_ACC], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
+// One tile of the online softmax, in place (see the header): S (float32 scores of keys n0 .. n0 + BLOCK_N - 1)
+// becomes p = exp2(x - m') with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial
+// row_sum (l) are brought up to date; alpha = exp2(m - m') is returned for O, which the caller rescales.
+template <int N>
+DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
                            const RowInfo& r, int n0) {
+    constexpr int BLOCK_N = 2 * N;
     float tile_max[2] = {NEG_INF, NEG_INF};
     // only tiles that reach past Tk, or (causal) past the diagonal of the warpgroup's first row, need a mask
     if (n0 + BLOCK_N > r.Tk || (r.causal && n0 + BLOCK_N - 1 > r.first_row + r.diag))
@@ -461,7 +522,7 @@ DEVICE void online_softmax(float (&acc_s)[S_ACC], float (&row_max)[2], float (&r
         row_sum[h] *= alpha[h];
     }
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i) {
+    for (int i = 0; i < N / 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float p0 = exp2_ftz(acc_s[4 * i + 2 * h] - ref[h]);
@@ -475,9 +536,9 @@ DEVICE void online_softmax(float (&acc_s)[S_ACC], float (&row_max)[2], float (&r
 
 // p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V: register 2 i + h
 // holds the columns 8 i + 2 t, + 1 of row h, i.e. register j of k-step kk is pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]).
-template <bool BF16> DEVICE void to_p(const float (&acc_s)[S_ACC], u32 (&p)[P_REGS]) {
+template <bool BF16, int N> DEVICE void to_p(const float (&acc_s)[N], u32 (&p)[N / 2]) {
 #pragma unroll
-    for (int i = 0; i < P_REGS; ++i) p[i] = pack2<BF16>(acc_s[2 * i], acc_s[2 * i + 1]);
+    for (int i = 0; i < N / 2; ++i) p[i] = pack2<BF16>(acc_s[2 * i], acc_s[2 * i + 1]);
 }
 
 // O *= alpha, row by row (values 4 i + 0, 1 are row 0 of the thread, 4 i + 2, 3 row 1).
@@ -491,27 +552,32 @@ template <int N> DEVICE void rescale(float (&acc_o)[N], const float (&alpha)[2])
     }
 }
 
-// Ping-pong (PINGPONG = 1): the two consumer warpgroups take turns at issuing wgmmas. A "turn" is one burst of
-// issued wgmmas; consumer cw may start a turn once the other consumer has finished issuing its previous one, so the
-// tensor cores run one warpgroup's products while the other computes its softmax. Named barrier 1 + cw means
-// "consumer cw's turn": cw waits on it (bar.sync, 256 threads: its own 128 plus the other's 128 arrivals), and at the
-// end of its turn arrives at the other's. Consumer 0 goes first (consumer 1 arrives at barrier 1 once before the
-// loop); both take the same number of turns (the same n_tiles), and consumer 1 skips the arrival of its last turn,
-// which nobody would wait for, so every barrier ends the kernel balanced.
-struct Turns {
-    int cw;          // this consumer warpgroup, 0 or 1
-    DEVICE void start(int n_tiles) const {
-        if (PINGPONG && cw == 1 && n_tiles > 0) named_arrive(1, 2 * WARPGROUP);
+// Ping-pong (PINGPONG = 1): the consumer warpgroups take turns, round robin, at issuing wgmmas. A "turn" is one burst
+// of issued wgmmas; consumer cw may start a turn once consumer cw - 1 (mod C) has finished issuing its previous one,
+// so the tensor cores run one warpgroup's products while the others compute their softmax instead of all competing
+// for the tensor cores at the same moments. Named barrier 1 + cw means "consumer cw's turn": cw waits on it
+// (bar.sync, 256 threads: its own 128 plus the previous consumer's 128 arrivals), and at the end of each turn arrives
+// at the next one's. Consumer 0 goes first: consumer C - 1 arrives at barrier 1 once before its first tile. All
+// consumers of a CTA take the same number of turns (they walk the same tiles), so the only arrival left over is
+// consumer C - 1's last one, at barrier 1; consumer 0 takes it with one more bar.sync after its last tile, and every
+// barrier ends the kernel balanced.
+template <int C> struct Turns {
+    int cw;          // this consumer warpgroup, 0 .. C - 1
+    DEVICE void start() const {
+        if (PINGPONG && cw == C - 1) named_arrive(1, 2 * WARPGROUP);
     }
     DEVICE void begin() const {
         if (PINGPONG) named_sync(1 + cw, 2 * WARPGROUP);
     }
-    DEVICE void end(bool last) const {
-        if (PINGPONG && !(cw == 1 && last)) named_arrive(1 + (cw ^ 1), 2 * WARPGROUP);
+    DEVICE void end() const {
+        if (PINGPONG) named_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
+    }
+    DEVICE void finish() const {
+        if (PINGPONG && cw == 0) named_sync(1, 2 * WARPGROUP);
     }
 };
 
-// The K/V ring as a consumer walks it: slot s, and the parity of the full barrier's phase to wait for.
+// A position in the K or V ring: slot s, and the parity of the barrier phase to wait for there.
 template <int STAGES> struct RingPos {
     int s = 0;
     u32 phase = 0;
@@ -526,28 +592,43 @@ template <int STAGES> struct RingPos {
 // ---------------------------------------------------------------------------------------------
 template <int D, bool BF16>
 DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v, u16* o,
-                              float* lse, int Tq, int Tk, float scale_log2, int causal) {
+                              float* lse, int Tq, int Tk, int heads, float scale_log2, int causal) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using S = Shape<D>;
+    using T = Shape<D>;
+    constexpr int BLOCK_M = T::BLOCK_M, BLOCK_N = T::BLOCK_N;
     extern __shared__ unsigned char smem_raw[];
-    __shared__ alignas(8) u64 q_full;                 // "sQ has landed"
-    __shared__ alignas(8) u64 full_bar[S::STAGES];    // "slot s holds K_j and V_j"
-    __shared__ alignas(8) u64 empty_bar[S::STAGES];   // "every consumer warp is done with slot s"
+    __shared__ alignas(8) u64 q_full;                 // "sQ holds the tile's Q"
+    __shared__ alignas(8) u64 q_empty;                // "every consumer warp is done with sQ"
+    __shared__ alignas(8) u64 k_full[T::STAGES];      // "slot s holds K_j"
+    __shared__ alignas(8) u64 v_full[T::STAGES];      // "slot s holds V_j"
+    __shared__ alignas(8) u64 k_empty[T::STAGES];     // "every consumer warp is done with K in slot s"
+    __shared__ alignas(8) u64 v_empty[T::STAGES];     // "every consumer warp is done with V in slot s"
 
-    // ---- set-up: which tile, align the shared memory, initialise the barriers ---------------------------------
-    const int m_tile = gridDim.x - 1 - blockIdx.x;    // the last query tile (longest under the mask) first
-    const int m0 = m_tile * BLOCK_M;
-    const int bh = blockIdx.z * gridDim.y + blockIdx.y;   // (batch, head) = the tensor maps' third coordinate
-    const int n_tiles = kv_tiles(m0, Tq, Tk, causal);
+    // ---- set-up: align the shared memory, initialise the barriers ---------------------------------------------
+    // Work tile w (0 .. m_count * heads - 1) is query tile m_count - 1 - w % m_count of (batch, head) w / m_count:
+    // the query tiles of one head are neighbours (they run together and share its K and V in L2), the last (the
+    // longest under the causal mask) first. CTA c takes tiles c, c + gridDim.x, ...: one each when the grid has a CTA
+    // per tile, several when the launcher makes it persistent (one CTA per SM).
+    const int m_count = (Tq + BLOCK_M - 1) / BLOCK_M;
+    const int work = m_count * heads;
+    const auto tile_of = [&](int w, int& m0, int& bh) {
+        bh = w / m_count;                              // (batch, head) = the tensor maps' third coordinate
+        m0 = (m_count - 1 - w % m_count) * BLOCK_M;
+    };
     const u32 base = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
-    const u32 sQ = base, ring = base + S::Q_BYTES;    // slot s: sK at ring + s STAGE_BYTES, sV KV_TILE_BYTES on
+    const u32 sQ = base, ring = base + T::Q_BYTES;    // slot s: sK at ring + s STAGE_BYTES, sV KV_TILE_BYTES on
+    const auto sK = [&](int s) { return ring + s * T::STAGE_BYTES; };
+    const auto sV = [&](int s) { return ring + s * T::STAGE_BYTES + T::KV_TILE_BYTES; };
     const int warpgroup = threadIdx.x / WARPGROUP;
 
     if (threadIdx.x == 0) {
         mbar_init(smem_addr(&q_full), 1);
-        for (int s = 0; s < S::STAGES; ++s) {
-            mbar_init(smem_addr(&full_bar[s]), 1);
-            mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
+        mbar_init(smem_addr(&q_empty), T::CONSUMER_WARPS);
+        for (int s = 0; s < T::STAGES; ++s) {
+            mbar_init(smem_addr(&k_full[s]), 1);
+            mbar_init(smem_addr(&v_full[s]), 1);
+            mbar_init(smem_addr(&k_empty[s]), T::CONSUMER_WARPS);
+            mbar_init(smem_addr(&v_empty[s]), T::CONSUMER_WARPS);
         }
         // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
@@ -556,134 +637,163 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 
     if (warpgroup == 0) {
         // ---- producer: one thread issues every TMA copy ----------------------------------------------------------
-        regs_decrease<PRODUCER_REGS>();
-        if (threadIdx.x == 0 && n_tiles > 0) {
+        regs_decrease<T::PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
             prefetch_tensor_map(map_q);
             prefetch_tensor_map(map_k);
             prefetch_tensor_map(map_v);
-            mbar_arrive_expect_tx(smem_addr(&q_full), S::Q_BYTES);
+            // One tile of K (or V) into the next slot of its ring, once the consumers have released that slot (a
+            // fresh barrier reports the phase before its first as complete, so the first pass does not wait).
+            RingPos<T::STAGES> kpos, vpos;
+            u32 q_phase = 0;
+            for (int w = blockIdx.x; w < work; w += gridDim.x) {
+                int m0, bh;
+                tile_of(w, m0, bh);
+                const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
+                if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
+                const auto load = [&](const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u64* empty, u32 dst,
+                                      int j) {
+                    mbar_wait(smem_addr(&empty[pos.s]), pos.phase ^ 1);
+                    mbar_arrive_expect_tx(smem_addr(&full[pos.s]), T::KV_TILE_BYTES);
 #pragma unroll
-            for (int h = 0; h < S::HALVES; ++h)       // half h: columns 64 h .. 64 h + 63 of rows m0 .. m0 + 127
-                tma_load_3d(sQ + h * BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh, smem_addr(&q_full));
-            int s = 0;
-            u32 phase = 0;
-            for (int j = 0; j < n_tiles; ++j) {
-                const u32 full = smem_addr(&full_bar[s]);
-                const u32 sK = ring + s * S::STAGE_BYTES, sV = sK + S::KV_TILE_BYTES;
-                mbar_wait(smem_addr(&empty_bar[s]), phase ^ 1);   // the consumers have released slot s
-                mbar_arrive_expect_tx(full, S::STAGE_BYTES);      // full[s] completes when K and V have landed
+                    for (int h = 0; h < T::HALVES; ++h)
+                        tma_load_3d(dst + h * BLOCK_N * SWIZZLE_BYTES, map, h * SWIZZLE_ELEMS, j * BLOCK_N, bh,
+                                    smem_addr(&full[pos.s]));
+                    pos.advance();
+                };
+                // Q, once the consumers are done with the previous tile's (they release it after its last S)
+                mbar_wait(smem_addr(&q_empty), q_phase ^ 1);
+                mbar_arrive_expect_tx(smem_addr(&q_full), T::Q_BYTES);
 #pragma unroll
-                for (int h = 0; h < S::HALVES; ++h) {
-                    tma_load_3d(sK + h * BLOCK_N * SWIZZLE_BYTES, map_k, h * SWIZZLE_ELEMS, j * BLOCK_N, bh, full);
-                    tma_load_3d(sV + h * BLOCK_N * SWIZZLE_BYTES, map_v, h * SWIZZLE_ELEMS, j * BLOCK_N, bh, full);
+                for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
+                    tma_load_3d(sQ + h * BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
+                                smem_addr(&q_full));
+                q_phase ^= 1;
+                // In the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first in
+                // iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}
+                for (int j = 0; j <= n_tiles; ++j) {
+                    if (j < n_tiles) load(map_k, kpos, k_full, k_empty, sK(kpos.s), j);
+                    if (j > 0) load(map_v, vpos, v_full, v_empty, sV(vpos.s), j - 1);
                 }
-                if (++s == S::STAGES) { s = 0; phase ^= 1; }
             }
         }
     } else {
         // ---- consumers: 64 query rows each ---------------------------------------------------------------------
-        regs_increase<CONSUMER_REGS>();
+        regs_increase<T::CONSUMER_REGS>();
         const int cw = warpgroup - 1;
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-        RowInfo r;
-        r.first_row = m0 + cw * WGMMA_M;
-        r.row[0] = r.first_row + 16 * warp + lane / 4;
-        r.row[1] = r.row[0] + 8;
-        r.t = lane % 4;
-        r.Tk = Tk;
-        r.diag = Tk - Tq;
-        r.causal = causal;
-        r.scale_log2 = scale_log2;
-        const Turns turns{cw};
+        const Turns<T::CONSUMERS> turns{cw};
         const u32 sQ_wg = sQ + cw * WGMMA_M * SWIZZLE_BYTES;   // this warpgroup's rows, in each half
-
-        float acc_o[S::O_ACC];
-#pragma unroll
-        for (int i = 0; i < S::O_ACC; ++i) acc_o[i] = 0.0f;
-        float row_max[2] = {NEG_INF, NEG_INF};         // m, in log2 units of the scaled scores
-        float row_sum[2] = {0.0f, 0.0f};                   // l, this thread's partial sum (reduced at the end)
-        float acc_s[S_ACC];                                // S, then p, of the tile in hand
-        u32 p[P_REGS];                                     // P in 16 bits, the A operand of O += P V
-        float alpha[2];
-        RingPos<S::STAGES> pos;                            // the slot of the tile in hand
-        const auto sK = [&](int s) { return ring + s * S::STAGE_BYTES; };
-        const auto sV = [&](int s) { return ring + s * S::STAGE_BYTES + S::KV_TILE_BYTES; };
-        const auto release = [&](int s) { if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s])); };
-
-        turns.start(n_tiles);
-        if (n_tiles > 0) mbar_wait(smem_addr(&q_full), 0);
-        if (OVERLAP && n_tiles > 0) {
-            // Software pipelining inside the warpgroup: while the tensor cores compute O += P_{j-1} V_{j-1}, the
-            // warpgroup runs the softmax of S_j. Tile 0 only fills the pipeline: S_0 and its softmax.
-            mbar_wait(smem_addr(&full_bar[pos.s]), pos.phase);
+        const auto release = [&](u64* empty, int s) { if (lane == 0) mbar_arrive(smem_addr(&empty[s])); };
+        RingPos<T::STAGES> kpos, vpos;                     // the slots of the next K and of the next V to use
+        // S = Q K^T of the next K tile on its own (one turn), waited for; K's slot handed back
+        const auto scores = [&](float (&acc_s)[T::S_ACC]) {
+            mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);
             turns.begin();
-            issue_qk<D, BF16>(acc_s, sQ_wg, sK(pos.s));
-            turns.end(false);
+            issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));
+            turns.end();
             wgmma_wait<0>();
             pin(acc_s);
-            online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
-            to_p<BF16>(acc_s, p);
-            for (int j = 1; j < n_tiles; ++j) {
-                const int prev = pos.s;                    // holds V_{j-1}
-                pos.advance();
-                mbar_wait(smem_addr(&full_bar[pos.s]), pos.phase);
-                turns.begin();
-                issue_qk<D, BF16>(acc_s, sQ_wg, sK(pos.s));   // S_j = Q K_j^T             (commit group 1)
-                issue_pv<BF16>(acc_o, p, sV(prev));          // O += P_{j-1} V_{j-1}      (commit group 2)
-                turns.end(false);
-                wgmma_wait<1>();                           // group 1 is done; P V may still be running
-                pin(acc_s);
-                online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
-                wgmma_wait<0>();                           // P_{j-1} V_{j-1} is done: O and P are free again
-                pin(acc_o);
-                pin(p);
-                release(prev);
-                rescale(acc_o, alpha);
-                to_p<BF16>(acc_s, p);
-            }
+            release(k_empty, kpos.s);
+            kpos.advance();
+        };
+        // O += P V of the next V tile on its own (one turn), waited for; V's slot handed back
+        const auto accumulate = [&](float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS]) {
+            mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);
             turns.begin();
-            issue_pv<BF16>(acc_o, p, sV(pos.s));           // the last tile's O += P V
-            turns.end(true);
-            wgmma_wait<0>();
+            issue_pv<T, BF16>(acc_o, p, sV(vpos.s));
+            turns.end();
+            wgmma_wait<0>();                               // the tensor cores have finished reading V
             pin(acc_o);
-            release(pos.s);
-        } else {
-            // The plain loop: each step waits for the one before it.
-            for (int j = 0; j < n_tiles; ++j) {
-                mbar_wait(smem_addr(&full_bar[pos.s]), pos.phase);   // K_j and V_j are in slot pos.s
-                turns.begin();
-                issue_qk<D, BF16>(acc_s, sQ_wg, sK(pos.s));
-                turns.end(false);
-                wgmma_wait<0>();
-                pin(acc_s);
-                online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
-                rescale(acc_o, alpha);
-                to_p<BF16>(acc_s, p);
-                turns.begin();
-                issue_pv<BF16>(acc_o, p, sV(pos.s));
-                turns.end(j == n_tiles - 1);
-                wgmma_wait<0>();                           // the tensor cores have finished reading slot pos.s
-                pin(acc_o);
-                release(pos.s);
-                pos.advance();
-            }
-        }
+            release(v_empty, vpos.s);
+            vpos.advance();
+        };
+        u32 q_phase = 0;
+        turns.start();
+        for (int w = blockIdx.x; w < work; w += gridDim.x) {
+            int m0, bh;
+            tile_of(w, m0, bh);
+            const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
+            RowInfo r;
+            r.first_row = m0 + cw * WGMMA_M;
+            r.row[0] = r.first_row + 16 * warp + lane / 4;
+            r.row[1] = r.row[0] + 8;
+            r.t = lane % 4;
+            r.Tk = Tk;
+            r.diag = Tk - Tq;
+            r.causal = causal;
+            r.scale_log2 = scale_log2;
 
-        // ---- epilogue: o = O / l, lse = (m + log2 l) ln 2, rows < Tq only -----------------------------------------
+            float acc_o[T::O_ACC];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float l = quad_sum(row_sum[h]);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;      // a row that saw no key: o = 0
-            if (r.row[h] < Tq) {
-                const long long row = static_cast<long long>(bh) * Tq + r.row[h];
-                u32* const dst = reinterpret_cast<u32*>(o + row * D + 2 * r.t);
+            for (int i = 0; i < T::O_ACC; ++i) acc_o[i] = 0.0f;
+            float row_max[2] = {NEG_INF, NEG_INF};         // m, in log2 units of the scaled scores
+            float row_sum[2] = {0.0f, 0.0f};               // l, this thread's partial sum (reduced at the end)
+            float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
+            u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
+            float alpha[2];
+
+            if (n_tiles > 0) {
+                mbar_wait(smem_addr(&q_full), q_phase);
+                q_phase ^= 1;
+            }
+            if (OVERLAP && n_tiles > 0) {
+                // Software pipelining inside the warpgroup: while the tensor cores compute O += P_{j-1} V_{j-1}, the
+                // warpgroup runs the softmax of S_j. K/V tile 0 only fills the pipeline: S_0 and its softmax.
+                scores(acc_s);
+                online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
+                to_p<BF16>(acc_s, p);
+                for (int j = 1; j < n_tiles; ++j) {
+                    mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);   // K_j
+                    mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);   // V_{j-1}
+                    turns.begin();
+                    issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));          // S_j = Q K_j^T          (commit group 1)
+                    issue_pv<T, BF16>(acc_o, p, sV(vpos.s));              // O += P_{j-1} V_{j-1}   (commit group 2)
+                    turns.end();
+                    wgmma_wait<1>();                       // group 1 is done; P V may still be running
+                    pin(acc_s);
+                    release(k_empty, kpos.s);
+                    kpos.advance();
+                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
+                    wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: O and P are free again
+                    pin(acc_o);
+                    pin(p);
+                    release(v_empty, vpos.s);
+                    vpos.advance();
+                    rescale(acc_o, alpha);
+                    to_p<BF16>(acc_s, p);
+                }
+                release(&q_empty, 0);                       // every S of the tile is done: the producer may load Q
+                accumulate(acc_o, p);                      // the last K/V tile's O += P V
+            } else {
+                // The plain loop: each step waits for the one before it.
+                for (int j = 0; j < n_tiles; ++j) {
+                    scores(acc_s);                         // S_j = Q K_j^T
+                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
+                    rescale(acc_o, alpha);
+                    to_p<BF16>(acc_s, p);
+                    accumulate(acc_o, p);                  // O += P_j V_j
+                }
+                if (n_tiles > 0) release(&q_empty, 0);
+            }
+
+            // ---- epilogue: o = O / l, lse = (m + log2 l) ln 2, rows < Tq only -------------------------------------
 #pragma unroll
-                for (int i = 0; i < S::O_ACC / 4; ++i)         // columns 8 i + 2 t, + 1
-                    dst[4 * i] = pack2<BF16>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
-                if (lse != nullptr && r.t == 0)
-                    lse[row] = l > 0.0f ? (row_max[h] + __log2f(l)) * LN2 : NEG_INF;
+            for (int h = 0; h < 2; ++h) {
+                const float l = quad_sum(row_sum[h]);
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: o = 0
+                if (r.row[h] < Tq) {
+                    const long long row = static_cast<long long>(bh) * Tq + r.row[h];
+                    u32* const dst = reinterpret_cast<u32*>(o + row * D + 2 * r.t);
+#pragma unroll
+                    for (int i = 0; i < T::O_ACC / 4; ++i)     // columns 8 i + 2 t, + 1
+                        dst[4 * i] = pack2<BF16>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+                    if (lse != nullptr && r.t == 0)
+                        lse[row] = l > 0.0f ? (row_max[h] + __log2f(l)) * LN2 : NEG_INF;
+                }
             }
         }
+        turns.finish();
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
@@ -693,30 +803,30 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 // ---------------------------------------------------------------------------------------------
 // Entry points: float16 or bfloat16, D = 64 or 128
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
 hopper_attn_f16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                    int Tq, int Tk, float scale_log2, int causal) {
-    attention_forward<64, false>(map_q, map_k, map_v, o, lse, Tq, Tk, scale_log2, causal);
+                    int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<64, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
 hopper_attn_f16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
                      const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, float scale_log2, int causal) {
-    attention_forward<128, false>(map_q, map_k, map_v, o, lse, Tq, Tk, scale_log2, causal);
+                     int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<128, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
 hopper_attn_bf16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
                      const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, float scale_log2, int causal) {
-    attention_forward<64, true>(map_q, map_k, map_v, o, lse, Tq, Tk, scale_log2, causal);
+                     int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<64, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
 hopper_attn_bf16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
                       const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                      int Tq, int Tk, float scale_log2, int causal) {
-    attention_forward<128, true>(map_q, map_k, map_v, o, lse, Tq, Tk, scale_log2, causal);
+                      int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<128, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
 }

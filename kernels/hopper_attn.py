@@ -14,19 +14,23 @@ checked on the CPU (tests/test_hopper_attn_compile.py).
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
 (kernels._core.load_module(..., arch="sm_90a")), as kernels/hopper_gemm.py explains. q, k and v are read by TMA
 through tensor maps built with cuTensorMapEncodeTiled (kernels.hopper_gemm.tensor_map): each as a (B*H, T, d)
-tensor read in boxes of 64 columns x 128 rows with the 128-byte swizzle, (B*H) being the third dimension so that a
-box hanging over the end of one head reads zeros, not the next head's rows.
+tensor read in boxes of 64 columns x block_m (q) or block_n (k, v) rows with the 128-byte swizzle, (B*H) being the
+third dimension so that a box hanging over the end of one head reads zeros, not the next head's rows.
+
+The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
+default_tiles); without the causal mask the launch is persistent (one CTA per SM walks the work tiles).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from . import hopper_gemm
-from ._core import (INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_grid, cp, defines_from,
-                    dtype_set, get_kernel, validate_attention)
+from ._core import (INT32_MAX, MAX_GRID_X, NULL, ceil_div, cp, defines_from, device_info, dtype_set,
+                    get_kernel, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "hopper_attn.cu"
@@ -36,28 +40,90 @@ MIN_CC = hopper_gemm.MIN_CC  # (9, 0)
 HEAD_DIMS = (64, 128)
 MAX_D = max(HEAD_DIMS)
 
-# The tiling; handed to the kernel with -D (hopper_attn.cu gives the same defaults and static_asserts them).
-BLOCK_M = 128  # query rows per CTA: two consumer warpgroups of 64
-BLOCK_N = 128  # keys per K/V tile
-STAGES = {64: 4, 128: 3}  # K/V ring slots per head dimension
-DEFINES = defines_from(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES_D64=STAGES[64], STAGES_D128=STAGES[128])
+
+class Tiles(NamedTuple):
+    """One tiling of the kernel: block_m query rows per CTA (64 per consumer warpgroup), block_n keys per K/V tile,
+    `stages` slots in each of the K and V rings."""
+    block_m: int
+    block_n: int
+    stages: int
+
+    @property
+    def consumers(self) -> int:
+        return self.block_m // 64
+
+    @property
+    def threads(self) -> int:  # + 1 producer warpgroup
+        return 128 * (1 + self.consumers)
+
+    @property
+    def launch_regs(self) -> int:  # what __launch_bounds__(threads, 1) leaves: setmaxnreg's budget (168 or 128)
+        return 65536 // self.threads // 8 * 8
+
+
+# The tiling per (head dimension, causal); handed to the kernel with -D (hopper_attn.cu gives the non-causal ones as
+# its defaults, and static_asserts what it can build). d = 64: 192 query rows (three consumer warpgroups): with only
+# 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third. d = 128: tiles
+# of 176 keys, fewer and longer tiles for the same work; under the causal mask 128, since a wider tile puts more keys
+# past the diagonal. Two slots suffice for K and V each at d = 128: a slot is released as soon as its tile's product
+# is done (K after S = Q K^T, V after O += P V), so the next load is issued a whole iteration ahead. Measured on the
+# H100 (notebook 13); tests/test_hopper_attn_gpu.py checks the other tilings too.
+TILES = {
+    (64, False): Tiles(192, 128, 4), (64, True): Tiles(192, 128, 4),
+    (128, False): Tiles(128, 176, 2), (128, True): Tiles(128, 128, 2),
+}
+# Short causal sequences at d = 64 keep 128-row tiles: with 192 rows the wasted area along the diagonal (rows of a
+# tile that see fewer keys than its last row) is a larger share of the little work there is.
+SHORT_CAUSAL_TQ = 1024
+SHORT_CAUSAL_TILES = Tiles(128, 128, 4)
+
+
+def default_tiles(d: int, causal: bool, Tq: int) -> Tiles:
+    """The tiling forward() uses when it is given none."""
+    if d == 64 and causal and Tq <= SHORT_CAUSAL_TQ:
+        return SHORT_CAUSAL_TILES
+    return TILES[(d, bool(causal))]
+
+
+BLOCK_NS = (128, 176, 192)  # the key-tile widths the kernel has a wgmma for (m64nNk16)
+
+
+def tiles_defines(d: int, tiles: Tiles) -> tuple[str, ...]:
+    return defines_from(**{f"BLOCK_M_D{d}": tiles.block_m, f"BLOCK_N_D{d}": tiles.block_n,
+                           f"STAGES_D{d}": tiles.stages})
+
+
 # The two scheduling features of FlashAttention-3 the kernel has, each a compile-time switch (-D OVERLAP=0/1,
 # -D PINGPONG=0/1; both on by default). forward(..., overlap=False) builds and runs the kernel without one, which is
 # how notebook 13 measures what each is worth; tests/test_hopper_attn_gpu.py checks every build.
 SCHEDULES = {(o, p): defines_from(OVERLAP=int(o), PINGPONG=int(p)) for o in (False, True) for p in (False, True)}
-THREADS = 128 * (1 + BLOCK_M // 64)  # producer warpgroup + consumer warpgroups
 ELEM_BYTES = 2
 SMEM_ALIGN = 1024  # the kernel aligns its tiles to a swizzle atom, so it asks for this much slack
+SMEM_LIMIT = 227 * 1024
 TMA_BOX_COLS = 64  # one 128-byte swizzle row of 16-bit elements
 ALIGN = 16  # bytes: TMA needs 16-byte aligned base addresses
 CARVEOUT_MAX_SHARED = 100
 LOG2E = 1.0 / math.log(2.0)
+MAX_WORK = MAX_GRID_X // 2  # work-tile indices (w + gridDim.x in the kernel) stay below 2^31
 
 
-def smem_bytes(d: int) -> int:
-    """Dynamic shared memory of the D = d build: Q tile + STAGES x (K tile + V tile) + alignment slack
+def smem_bytes(d: int, tiles: Tiles) -> int:
+    """Dynamic shared memory of one build: Q tile + stages x (K tile + V tile) + alignment slack
     (Shape<D>::SMEM_BYTES in hopper_attn.cu)."""
-    return BLOCK_M * d * ELEM_BYTES + STAGES[d] * 2 * BLOCK_N * d * ELEM_BYTES + SMEM_ALIGN
+    return (tiles.block_m + tiles.stages * 2 * tiles.block_n) * d * ELEM_BYTES + SMEM_ALIGN
+
+
+def check_tiles(d: int, tiles: Tiles) -> None:
+    """The tilings the kernel can build (its static_asserts, said in Python before NVRTC would)."""
+    if tiles.block_m not in (128, 192):
+        raise ValueError(f"tiles.block_m={tiles.block_m}: must be 128 or 192 (two or three consumer warpgroups)")
+    if tiles.block_n not in BLOCK_NS:
+        raise ValueError(f"tiles.block_n={tiles.block_n}: must be one of {BLOCK_NS}")
+    if not 2 <= tiles.stages <= 8:
+        raise ValueError(f"tiles.stages={tiles.stages}: must be in [2, 8]")
+    if smem_bytes(d, tiles) > SMEM_LIMIT:
+        raise ValueError(f"tiles={tuple(tiles)} at d={d} needs {smem_bytes(d, tiles)} bytes of shared memory, more "
+                         f"than the {SMEM_LIMIT} a block may have")
 
 
 DTYPES = ("float16", "bfloat16")
@@ -66,29 +132,31 @@ KERNEL_NAMES = {(dt, d): f"hopper_attn_{'bf16' if dt == 'bfloat16' else 'f16'}_d
                 for d in HEAD_DIMS}
 
 # What tests/test_compile.py compiles with NVRTC for sm_80..sm_90 (stubs there) and tests/test_hopper_attn_compile.py
-# for sm_90a.
-NVRTC_BUILDS = [((), DEFINES + SCHEDULES[(True, True)])]  # the default build (the others: test_hopper_attn_compile)
+# for sm_90a: the .cu defaults (the non-causal tilings) with both schedules on.
+DEFINES = tiles_defines(64, TILES[(64, False)]) + tiles_defines(128, TILES[(128, False)])
+NVRTC_BUILDS = [((), DEFINES + SCHEDULES[(True, True)])]
 
-LAUNCH_REGS = 65536 // THREADS // 8 * 8  # 168: what __launch_bounds__(384, 1) leaves; setmaxnreg's budget
 _CHECKED: set = set()
 
 
-def kernel(dtype: str, d: int, dev: int | None = None, overlap: bool = True, pingpong: bool = True):
-    """The Kernel of one (dtype, d, schedule): compiled for sm_90a on first use; its register count checked once per
-    device (the consumers' setmaxnreg.inc would wait forever in a build with fewer than LAUNCH_REGS registers)."""
+def kernel(dtype: str, d: int, tiles: Tiles, dev: int | None = None, overlap: bool = True, pingpong: bool = True):
+    """The Kernel of one (dtype, d, tiling, schedule): compiled for sm_90a on first use; its register count checked
+    once per device (the consumers' setmaxnreg.inc would wait forever in a build with fewer registers than
+    tiles.launch_regs)."""
     name = KERNEL_NAMES[(dtype, d)]
     schedule = (bool(overlap), bool(pingpong))
-    kern = get_kernel(KERNEL_FILE, name, defines=DEFINES + SCHEDULES[schedule], shared_mem=smem_bytes(d),
-                      carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    if (name, schedule, dev) not in _CHECKED and dev is not None:
-        if kern.num_regs != LAUNCH_REGS:
+    kern = get_kernel(KERNEL_FILE, name, defines=tiles_defines(d, tiles) + SCHEDULES[schedule],
+                      shared_mem=smem_bytes(d, tiles), carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
+    if (name, tiles, schedule, dev) not in _CHECKED and dev is not None:
+        if kern.num_regs != tiles.launch_regs:
             raise RuntimeError(f"{KERNEL_FILE}:{name} was built with {kern.num_regs} registers per thread; its "
-                               f"setmaxnreg budget needs exactly {LAUNCH_REGS} (launching it could hang)")
-        _CHECKED.add((name, schedule, dev))
+                               f"setmaxnreg budget needs exactly {tiles.launch_regs} (launching it could hang)")
+        _CHECKED.add((name, tiles, schedule, dev))
     return kern
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True):
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True, tiles=None,
+            persistent=None):
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
@@ -98,23 +166,33 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     GPU that is not a Hopper.
 
     overlap=False turns off the pipelining inside a consumer warpgroup (the softmax of one K/V tile under the
-    O += P V of the one before), pingpong=False the alternation of the two consumer warpgroups at the tensor cores;
-    each is a separate build of the kernel, for measuring what the feature is worth. The results agree to rounding
-    (with overlap, O is rescaled after P V is added rather than before).
+    O += P V of the one before), pingpong=False the turn-taking of the consumer warpgroups at the tensor cores;
+    tiles=Tiles(block_m, block_n, stages) replaces the tiling of default_tiles(). Each is a separate build of the
+    kernel, for measuring what it is worth; the results agree to rounding (with overlap, O is rescaled after P V is
+    added rather than before).
+
+    persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
+    False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
+    the causal mask, where every work tile costs the same, and False with it, where the fixed round robin would give
+    some SMs only long tiles. Same build, same results.
     """
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
                                                 scale=scale, align=ALIGN)
     if d not in HEAD_DIMS:
         raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS} (its tiles "
                          f"are whole 64-column rows of the 128-byte swizzle)")
-    m_tiles = ceil_div(Tq, BLOCK_M)
-    check_grid(m_tiles, WHAT, MAX_GRID_X)
-    for name, val in (("H", H), ("B", B)):
-        if val > MAX_GRID_YZ:
-            raise ValueError(f"{name}={val} is more than {WHAT} supports: the grid is (query tiles, H, B) and its y "
-                             f"and z sizes are at most {MAX_GRID_YZ}")
-    if max(Tq, Tk) > INT32_MAX - 2 * BLOCK_M:
-        raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {INT32_MAX - 2 * BLOCK_M} for {WHAT} (32-bit row indices)")
+    if tiles is None:
+        tiles = default_tiles(d, causal, Tq)
+    else:
+        tiles = Tiles(*tiles)
+        check_tiles(d, tiles)
+    work = ceil_div(Tq, tiles.block_m) * B * H  # work tiles: (query tile, head, batch)
+    if work > MAX_WORK:
+        raise ValueError(f"B={B}, H={H}, Tq={Tq} make {work} work tiles of {tiles.block_m} query rows; {WHAT} "
+                         f"counts them in 32-bit integers and takes at most {MAX_WORK}")
+    limit = INT32_MAX - 2 * max(tiles.block_m, tiles.block_n)
+    if max(Tq, Tk) > limit:
+        raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dev = cp.cuda.runtime.getDevice()
     dtype = q.dtype.name
@@ -122,13 +200,17 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     BH = B * H
-    map_q = hopper_gemm.tensor_map(q, BH, Tq, d, BLOCK_M)  # boxes of 64 columns x 128 rows, 128-byte swizzle
-    map_k = hopper_gemm.tensor_map(k, BH, Tk, d, BLOCK_N)
-    map_v = hopper_gemm.tensor_map(v, BH, Tk, d, BLOCK_N)
-    kernel(dtype, d, dev, overlap, pingpong)((m_tiles, H, B), (THREADS,),
-                          (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk),
-                           np.float32(scale * LOG2E), np.int32(bool(causal))),
-                          shared_mem=smem_bytes(d))
+    map_q = hopper_gemm.tensor_map(q, BH, Tq, d, tiles.block_m)  # boxes of 64 columns x block_m rows, 128-byte swizzle
+    map_k = hopper_gemm.tensor_map(k, BH, Tk, d, tiles.block_n)
+    map_v = hopper_gemm.tensor_map(v, BH, Tk, d, tiles.block_n)
+    if persistent is None:
+        persistent = not causal
+    grid = min(work, device_info(dev).sm_count) if persistent else work
+    kernel(dtype, d, tiles, dev, overlap, pingpong)(
+        (grid,), (tiles.threads,),
+        (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(BH),
+         np.float32(scale * LOG2E), np.int32(bool(causal))),
+        shared_mem=smem_bytes(d, tiles))
     return (o, lse) if return_lse else o
 
 
@@ -145,6 +227,6 @@ register(Variant(
     has_lse=True,
     min_cc=MIN_CC,
     module=__name__,
-    description="FlashAttention-3-style forward: TMA K/V ring, producer warp, two "
+    description="FlashAttention-3-style forward: TMA K/V rings, producer warp, two or three "
                 "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers",
 ), staging=True)

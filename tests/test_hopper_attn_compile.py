@@ -1,18 +1,20 @@
 """kernels/hopper_attn.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
 
-The same builds as the launcher's (NVRTC, sm_90a, kernels.hopper_attn.DEFINES with each of the four schedules of
-kernels.hopper_attn.SCHEDULES), disassembled with cuobjdump (see tests/test_hopper_compile.py for where the tools come
-from). Per entry point (dtype x D), with c = 2 copies of each product when the schedule overlaps (the pipelined
-loop has a prologue with S = Q K^T and a tail with O += P V) and c = 1 otherwise:
+The same builds as the launcher's (NVRTC, sm_90a: the non-causal tilings of kernels.hopper_attn.TILES with each of the
+four schedules of kernels.hopper_attn.SCHEDULES, and the causal tilings with the default schedule), disassembled with
+cuobjdump (see tests/test_hopper_compile.py for where the tools come from). Per entry point (dtype x D), N being the
+build's key-tile width for that D, with c = 2 copies of each product when the schedule overlaps (the pipelined loop
+has a prologue with S = Q K^T and a tail with O += P V) and c = 1 otherwise:
 
-    HGMMA.64x128x16.F32[.BF16] Rd, gdesc[..], Rc           S = Q K^T, both operands in shared memory (SS): c D/16
+    HGMMA.64xNx16.F32[.BF16]   Rd, gdesc[..], Rc           S = Q K^T, both operands in shared memory (SS): c D/16
     HGMMA.64xDx16.F32[.BF16]   Rd, Ra, gdesc[..].tnspB, Rc  O += P V, A (= P) from registers, B (= V) N-major
-                                                            ("transposed", imm-trans-b = 1) (RS): c 128/16
+                                                            ("transposed", imm-trans-b = 1) (RS): c N/16
     UTMALDG.3D                                              TMA: Q (D/64 boxes), K and V (D/64 boxes each)
     USETMAXREG                                              setmaxnreg in the producer and the consumers
     BAR.ARV                                                 named-barrier arrivals, with ping-pong only
 
-the 168 registers that setmaxnreg's budget assumes, no local memory (spills), three 128-byte tensor-map parameters.
+the registers that setmaxnreg's budget assumes (168 with two consumer warpgroups, 128 with three), no local memory
+(spills), three 128-byte tensor-map parameters.
 tests/test_compile.py compiles the same file for sm_80..sm_90, where the kernels are stubs.
 """
 
@@ -30,17 +32,34 @@ ARCH = "sm_90a"
 HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+|gdesc\[\w+\])(?:,\s*gdesc\[\w+\](\.tnspB)?)?")
 
 
-@pytest.fixture(scope="module", params=sorted(A.SCHEDULES), ids=lambda s: f"overlap{int(s[0])}-pingpong{int(s[1])}")
-def schedule(request):
+# (causal tilings?, schedule): the launcher's builds
+BUILDS = [(False, sched) for sched in sorted(A.SCHEDULES)] + [(True, (True, True))]
+
+
+def build_tiles(causal):
+    return {d: A.TILES[(d, causal)] for d in A.HEAD_DIMS}
+
+
+@pytest.fixture(scope="module", params=BUILDS,
+                ids=lambda b: f"{'causal' if b[0] else 'full'}-overlap{int(b[1][0])}-pingpong{int(b[1][1])}")
+def build(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def cubin(tmp_path_factory, schedule):
+def schedule(build):
+    return build[1]
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory, build):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
+    causal, schedule = build
     source = _core.kernel_path(A.KERNEL_FILE).read_text()
-    options = _core.NVRTC_OPTIONS + A.DEFINES + A.SCHEDULES[schedule]
+    tiles = build_tiles(causal)
+    options = (_core.NVRTC_OPTIONS + A.tiles_defines(64, tiles[64]) + A.tiles_defines(128, tiles[128])
+               + A.SCHEDULES[schedule])
     data, log = _core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
     assert "warning" not in log.lower(), f"{A.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper_attn") / "hopper_attn_sm_90a.cubin"
@@ -59,10 +78,11 @@ def sass(cubin, cuobjdump):
 
 
 @pytest.mark.parametrize("key", sorted(A.KERNEL_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
-def test_sass_has_both_wgmma_forms_and_tma(sass, schedule, key, capsys):
+def test_sass_has_both_wgmma_forms_and_tma(sass, build, key, capsys):
     name = A.KERNEL_NAMES[key]
     dtype, D = key
-    overlap, pingpong = schedule
+    causal, (overlap, pingpong) = build
+    N = build_tiles(causal)[D].block_n
     copies = 2 if overlap else 1
     code = sass.get(name)
     assert code is not None, f"{name} is not in the CUBIN; functions: {sorted(sass)}"
@@ -71,10 +91,10 @@ def test_sass_has_both_wgmma_forms_and_tma(sass, schedule, key, capsys):
     assert all(bool(bf) == (dtype == "bfloat16") for _, bf, _, _ in found), f"{name}: HGMMA types do not match {dtype}"
     ss = [f for f in found if f[2].startswith("gdesc")]
     rs = [f for f in found if f[2].startswith("R")]
-    assert len(ss) == copies * D // 16 and all(n == str(A.BLOCK_N) for n, *_ in ss), \
-        f"{name}: expected {copies * D // 16} HGMMA.64x{A.BLOCK_N}x16 from shared memory (S = Q K^T), found {ss}"
-    assert len(rs) == copies * A.BLOCK_N // 16 and all(n == str(D) and tr == ".tnspB" for n, _, _, tr in rs), \
-        f"{name}: expected {copies * A.BLOCK_N // 16} HGMMA.64x{D}x16 with A in registers and B transposed " \
+    assert len(ss) == copies * D // 16 and all(n == str(N) for n, *_ in ss), \
+        f"{name}: expected {copies * D // 16} HGMMA.64x{N}x16 from shared memory (S = Q K^T), found {ss}"
+    assert len(rs) == copies * N // 16 and all(n == str(D) and tr == ".tnspB" for n, _, _, tr in rs), \
+        f"{name}: expected {copies * N // 16} HGMMA.64x{D}x16 with A in registers and B transposed " \
         f"(O += P V), found {rs}"
     assert len(ss) + len(rs) == len(re.findall(r"\bHGMMA\b", code)), f"{name}: an HGMMA of neither form"
     utmaldg = len(re.findall(r"\bUTMALDG\.3D\b", code))
@@ -86,42 +106,52 @@ def test_sass_has_both_wgmma_forms_and_tma(sass, schedule, key, capsys):
     spills = len(re.findall(r"\b(?:LDL|STL)\b", code))
     assert spills == 0, f"{name}: {spills} local-memory loads/stores (register spills)"
     with capsys.disabled():
-        print(f"\n{name} ({ARCH}, overlap={int(overlap)} pingpong={int(pingpong)}): HGMMA SS {len(ss)}, RS {len(rs)}, "
+        print(f"\n{name} ({ARCH}, {'causal' if causal else 'full'} tiles, overlap={int(overlap)} "
+              f"pingpong={int(pingpong)}): HGMMA SS {len(ss)}, RS {len(rs)}, "
               f"UTMALDG {utmaldg}, BAR.ARV {arrivals}, "
               f"{len(code.splitlines())} SASS lines")
 
 
-def test_register_budget_and_no_local_memory(cubin, cuobjdump):
+def test_register_budget_and_no_local_memory(cubin, cuobjdump, build):
     usage = _run(cuobjdump, "-res-usage", str(cubin))
     found = re.findall(r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     assert {f[0] for f in found} == set(A.KERNEL_NAMES.values()), usage
     d_of = {v: k[1] for k, v in A.KERNEL_NAMES.items()}
+    tiles = build_tiles(build[0])
     for name, reg, stack, shared, local in found:
-        assert int(reg) == A.LAUNCH_REGS, f"{name}: {reg} registers; setmaxnreg's budget assumes {A.LAUNCH_REGS}"
+        t = tiles[d_of[name]]
+        assert int(reg) == t.launch_regs, f"{name}: {reg} registers; setmaxnreg's budget assumes {t.launch_regs}"
         assert int(stack) == 0 and int(local) == 0, f"{name}: stack {stack}, local {local} bytes (spills)"
-        assert int(shared) + A.smem_bytes(d_of[name]) <= 227 * 1024 + 1024, f"{name}: static {shared} bytes"
+        assert int(shared) + A.smem_bytes(d_of[name], t) <= 227 * 1024 + 1024, f"{name}: static {shared} bytes"
 
 
 def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
-    """map_q, map_k, map_v by value (128 bytes each), then o, lse, Tq, Tk, scale_log2, causal."""
+    """map_q, map_k, map_v by value (128 bytes each), then o, lse, Tq, Tk, heads, scale_log2, causal."""
     info = _per_function(_run(cuobjdump, "-elf", str(cubin)), r"^\.nv\.info\.(\w+)")
     for name in A.KERNEL_NAMES.values():
         params = {int(o, 16): int(s, 16) for o, s in
                   re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
-        assert params == {0: 128, 1: 128, 2: 128, 3: 8, 4: 8, 5: 4, 6: 4, 7: 4, 8: 4}, f"{name}: {params}"
+        assert params == {0: 128, 1: 128, 2: 128, 3: 8, 4: 8, 5: 4, 6: 4, 7: 4, 8: 4, 9: 4}, f"{name}: {params}"
 
 
 def test_constants_agree_with_the_kernel():
     source = _core.kernel_path(A.KERNEL_FILE).read_text()
     assert "Q_BYTES + STAGES * STAGE_BYTES + SMEM_ALIGN" in source
-    for D in A.HEAD_DIMS:
-        assert A.smem_bytes(D) == (A.BLOCK_M + A.STAGES[D] * 2 * A.BLOCK_N) * D * 2 + 1024 <= 227 * 1024
-    assert A.smem_bytes(64) == 148480 and A.smem_bytes(128) == 230400  # the figures in the .cu header
+    for (D, causal), t in A.TILES.items():
+        assert A.smem_bytes(D, t) == (t.block_m + t.stages * 2 * t.block_n) * D * 2 + 1024 <= 227 * 1024
+        assert t.block_n in A.BLOCK_NS and t.launch_regs == {128: 168, 192: 128}[t.block_m]
+    # the figures in the .cu header
+    assert [A.smem_bytes(D, A.TILES[(D, c)]) for D in (64, 128) for c in (False, True)] == [156672, 156672, 214016,
+                                                                                              164864]
     assert set(A.KERNEL_NAMES.values()) == set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*'
                                                           r'(\w+)\(', source))
-    for name, value in (("BLOCK_M", A.BLOCK_M), ("BLOCK_N", A.BLOCK_N), ("STAGES_D64", A.STAGES[64]),
-                        ("STAGES_D128", A.STAGES[128]), ("OVERLAP", 1), ("PINGPONG", 1)):
-        assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
+    for D in A.HEAD_DIMS:  # the .cu defaults are the launcher's non-causal tilings
+        t = A.TILES[(D, False)]
+        for name, value in ((f"BLOCK_M_D{D}", t.block_m), (f"BLOCK_N_D{D}", t.block_n), (f"STAGES_D{D}", t.stages)):
+            assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
+    for name in ("OVERLAP", "PINGPONG"):
+        assert re.search(rf"#define {name} 1\b", source), f"{name}: the .cu default differs from the launcher"
+    assert A.DEFINES == A.tiles_defines(64, A.TILES[(64, False)]) + A.tiles_defines(128, A.TILES[(128, False)])
 
 
 def test_registry_entry():
