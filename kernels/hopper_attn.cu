@@ -23,7 +23,7 @@
 //                    Two schedules keep the tensor cores busy while the softmax runs (next section); K and V have
 //                    rings and barriers of their own; with no causal mask the CTAs are persistent.
 //   not here         what FlashAttention-3 also has: a TMA store of O, a dynamic tile scheduler (so that causal
-//                    launches can be persistent too), intra-warpgroup overlap of the O rescale, and FP8.
+//                    launches can be persistent too), and FP8.
 //
 // Tiles (Shape<D>, from -D BLOCK_M_D64 ... STAGES_D128; kernels/hopper_attn.py picks them per D and mask)
 //   A CTA computes one work tile at a time: BLOCK_M query rows (64 per consumer warpgroup) of one (batch, head),
@@ -124,13 +124,27 @@
 //
 // Online softmax (per row, in log2 units: x = scale * log2(e) * s, computed in registers on S's fragments)
 //   m' = max(m, max_j x_j);  alpha = exp2(m - m');  p_j = exp2(x_j - m');  l' = alpha l + sum_j p_j;  O' = alpha O
-//   A thread holds 32 of a row's 128 scores per tile; the row max is completed across the four threads t = 0..3 of
-//   a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
+//   A thread holds BLOCK_N / 4 of a row's scores per tile; the row max is completed across the four threads t = 0..3
+//   of a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
 //   alpha) and is reduced across the quad once, at the end. While a row has seen no visible key, m = -inf and the
 //   exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0, alpha = 0, O stays 0.
 //   Masked scores (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or,
 //   under the causal mask, the diagonal of this warpgroup's rows are masked.
-//
+//   Two savings in instructions per score, which the measurements point to as the softmax's limit on the H100 (more
+//   than the special function unit's 16 exp2 per cycle per SM; see "Tried and dropped"):
+//   - The scale is folded into the exponent. In a tile without a mask the scores stay raw: the row maximum is taken
+//     over raw s and scaled once (the minimum when scale < 0), and x_j - m' is one FFMA, s_j * scale log2(e) - m'.
+//     Per score that leaves FMNMX, FFMA, MUFU.EX2, FADD (for l) and half an F2FP (to 16 bits).
+//   - Lazy rescaling (LAZY_RESCALE = 1): m is kept unless a tile's maximum exceeds it by more than RESCALE_SLACK = 8
+//     (log2 units). Then alpha = 1 and O needs no rescale; a warp skips O *= alpha (D / 2 FMULs per thread) when
+//     every alpha of its rows is 1, which after the first few tiles is nearly always. Nothing is lost: p <= 2^8 is
+//     rounded to float16 or bfloat16 with the same relative precision as p <= 1 (only the exponent is larger), O and
+//     l are float32, and o = O / l and lse = m + log2 l use the same m.
+//   Tried and dropped: computing a share of the exponentials on the FMA units by a polynomial, to unload the special
+//   function unit (what FlashAttention-4 does on Blackwell). On the H100 it made every configuration slower (d = 64,
+//   T = 4096: 482 TFLOP/s with every exp2 on MUFU, 462 with 1/8 of them polynomial, 444 with 1/4): each polynomial
+//   exp2 costs about ten issued instructions instead of one.
+
 // mbarriers and their phases (as in hopper_gemm.cu)
 //   q_full: 1 arrival (the producer's arrive.expect_tx of Q_BYTES) + Q_BYTES of TMA, once per work tile that loads Q.
 //   q_empty: one arrival per consumer warp, once per such work tile, after its last S = Q K^T: the next Q may land.
@@ -164,8 +178,9 @@
 //   m_count * heads work tiles below 2^30 (their indices, plus gridDim.x, stay 32-bit).
 //
 // Numerics
-//   16-bit products, float32 sums (wgmma accumulators), softmax in float32 with ex2.approx.ftz; P rounded to the
-//   inputs' 16-bit type (round to nearest) before P V, l summed from the unrounded p, o rounded once at the end.
+//   16-bit products, float32 sums (wgmma accumulators), softmax in float32 with ex2.approx.ftz; P (at most 2^8 with
+//   lazy rescaling) rounded to the inputs' 16-bit type (round to nearest) before P V, l summed from the unrounded p,
+//   o rounded once at the end.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -197,6 +212,9 @@ typedef unsigned long long u64;
 #endif
 #ifndef PINGPONG
 #define PINGPONG 1     // 1: the consumer warpgroups take turns at the tensor cores (named barriers)
+#endif
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 1 // 1: keep the running max unless a tile exceeds it by more than RESCALE_SLACK (see the header)
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
@@ -258,6 +276,7 @@ struct alignas(64) TensorMap {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr float LN2 = 0.6931471805599453f;
+constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 = 256 (see the header)
 #define NEG_INF __int_as_float(0xff800000)                  // -inf (NVRTC has no math.h for INFINITY)
 
 DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
@@ -475,10 +494,10 @@ struct RowInfo {
     float scale_log2; // scale * log2(e): the scores in log2 units
 };
 
-// Scale one tile of S to log2 units, in place, setting masked scores to -inf (MASK: only tiles that reach past Tk or
-// the causal diagonal), and return each of the thread's two rows' maximum over its values of the tile. Two
-// instantiations, so that the tiles with no mask (nearly all of them) carry no per-element test at all.
-template <bool MASK, int N>
+// Scale one tile of S to log2 units, in place, setting masked scores to -inf, and return each of the thread's two
+// rows' maximum over its values of the tile. Only for the tiles that need a mask (they reach past Tk or the causal
+// diagonal); the others are left as they are (raw_extreme).
+template <int N>
 DEVICE void scale_and_mask(float (&acc_s)[N], float (&tile_max)[2], const RowInfo& r, int n0) {
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {                // column groups of 8: BLOCK_N / 8 = N / 4
@@ -486,12 +505,9 @@ DEVICE void scale_and_mask(float (&acc_s)[N], float (&tile_max)[2], const RowInf
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                float x = acc_s[4 * i + 2 * h + e] * r.scale_log2;
-                if (MASK) {
-                    const int col = n0 + 8 * i + 2 * r.t + e;
-                    const bool hidden = (col >= r.Tk) | ((r.causal != 0) & (col > r.row[h] + r.diag));  // no branches
-                    x = hidden ? NEG_INF : x;
-                }
+                const int col = n0 + 8 * i + 2 * r.t + e;
+                const bool hidden = (col >= r.Tk) | ((r.causal != 0) & (col > r.row[h] + r.diag));  // no branches
+                const float x = hidden ? NEG_INF : acc_s[4 * i + 2 * h + e] * r.scale_log2;
                 acc_s[4 * i + 2 * h + e] = x;
                 tile_max[h] = fmaxf(tile_max[h], x);
             }
@@ -499,39 +515,74 @@ DEVICE void scale_and_mask(float (&acc_s)[N], float (&tile_max)[2], const RowInf
     }
 }
 
+// The maximum (MAX) or minimum of each of the thread's two rows over its raw scores of the tile: with scale < 0 the
+// largest scaled score is the smallest raw one.
+template <bool MAX, int N> DEVICE void raw_extreme(const float (&acc_s)[N], float (&ext)[2]) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float a = acc_s[4 * i + 2 * h], b = acc_s[4 * i + 2 * h + 1];
+            ext[h] = MAX ? fmaxf(ext[h], fmaxf(a, b)) : fminf(ext[h], fminf(a, b));
+        }
+    }
+}
+
+// p = 2^(mul acc_s - ref) for one tile, in place, with this thread's row sums (float32, unrounded p). After
+// scale_and_mask, mul = 1 (masked entries, -inf, give 0); on raw scores mul = scale log2(e), and one FFMA per score
+// makes the exponent.
+template <int N>
+DEVICE void exponentiate(float (&acc_s)[N], float (&row_sum)[2], const float (&ref)[2], float mul) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2_ftz(fmaf(acc_s[4 * i + 2 * h], mul, -ref[h]));
+            const float p1 = exp2_ftz(fmaf(acc_s[4 * i + 2 * h + 1], mul, -ref[h]));
+            row_sum[h] += p0 + p1;                     // l sums the unrounded p
+            acc_s[4 * i + 2 * h] = p0;
+            acc_s[4 * i + 2 * h + 1] = p1;
+        }
+    }
+}
+
 // One tile of the online softmax, in place (see the header): S (float32 scores of keys n0 .. n0 + BLOCK_N - 1)
-// becomes p = exp2(x - m') with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial
-// row_sum (l) are brought up to date; alpha = exp2(m - m') is returned for O, which the caller rescales.
+// becomes p = exp2(x - m) with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial
+// row_sum (l) are brought up to date; alpha = exp2(m_old - m) is returned for O, which the caller rescales. With
+// LAZY_RESCALE, m stays where it is unless the tile's maximum exceeds it by more than RESCALE_SLACK (while it stays,
+// p <= 2^8 and alpha = 1: nothing to rescale).
 template <int N>
 DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
                            const RowInfo& r, int n0) {
     constexpr int BLOCK_N = 2 * N;
     float tile_max[2] = {NEG_INF, NEG_INF};
     // only tiles that reach past Tk, or (causal) past the diagonal of the warpgroup's first row, need a mask
-    if (n0 + BLOCK_N > r.Tk || (r.causal && n0 + BLOCK_N - 1 > r.first_row + r.diag))
-        scale_and_mask<true>(acc_s, tile_max, r, n0);
-    else
-        scale_and_mask<false>(acc_s, tile_max, r, n0);
+    const bool mask = n0 + BLOCK_N > r.Tk || (r.causal && n0 + BLOCK_N - 1 > r.first_row + r.diag);
+    if (mask) {
+        scale_and_mask(acc_s, tile_max, r, n0);
+    } else {                                        // raw scores: scale the two extremes, not every score
+        float ext[2];
+        if (r.scale_log2 >= 0.0f) {
+            ext[0] = ext[1] = NEG_INF;
+            raw_extreme<true>(acc_s, ext);
+        } else {
+            ext[0] = ext[1] = -NEG_INF;
+            raw_extreme<false>(acc_s, ext);
+        }
+        tile_max[0] = ext[0] * r.scale_log2;
+        tile_max[1] = ext[1] * r.scale_log2;
+    }
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(row_max[h], quad_max(tile_max[h]));
+        float m_new = fmaxf(row_max[h], quad_max(tile_max[h]));
+        if (LAZY_RESCALE && m_new <= row_max[h] + RESCALE_SLACK) m_new = row_max[h];
         ref[h] = m_new == NEG_INF ? 0.0f : m_new;    // a row with no visible key yet: p = 0, not NaN
-        alpha[h] = exp2_ftz(row_max[h] - ref[h]);         // 0 while row_max = -inf
+        alpha[h] = m_new == row_max[h] ? 1.0f : exp2_ftz(row_max[h] - ref[h]);  // 0 when leaving row_max = -inf
         row_max[h] = m_new;
         row_sum[h] *= alpha[h];
     }
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float p0 = exp2_ftz(acc_s[4 * i + 2 * h] - ref[h]);
-            const float p1 = exp2_ftz(acc_s[4 * i + 2 * h + 1] - ref[h]);
-            row_sum[h] += p0 + p1;                     // l sums the unrounded p
-            acc_s[4 * i + 2 * h] = p0;
-            acc_s[4 * i + 2 * h + 1] = p1;
-        }
-    }
+    exponentiate(acc_s, row_sum, ref, mask ? 1.0f : r.scale_log2);
 }
 
 // p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V: register 2 i + h
@@ -541,8 +592,10 @@ template <bool BF16, int N> DEVICE void to_p(const float (&acc_s)[N], u32 (&p)[N
     for (int i = 0; i < N / 2; ++i) p[i] = pack2<BF16>(acc_s[2 * i], acc_s[2 * i + 1]);
 }
 
-// O *= alpha, row by row (values 4 i + 0, 1 are row 0 of the thread, 4 i + 2, 3 row 1).
+// O *= alpha, row by row (values 4 i + 0, 1 are row 0 of the thread, 4 i + 2, 3 row 1); with LAZY_RESCALE only
+// when some row of the warp has alpha != 1 (a warp-uniform branch).
 template <int N> DEVICE void rescale(float (&acc_o)[N], const float (&alpha)[2]) {
+    if (LAZY_RESCALE && !__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) return;
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
         acc_o[4 * i + 0] *= alpha[0];

@@ -8,8 +8,8 @@ row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension
 tiles are built around 64-column swizzle rows; kernels.STAGING["hopper_fa3"].head_dims says so to the tests).
 
 Checked on an H100 by the attention tests (tests/test_attention_gpu.py runs its grid over REGISTRY and STAGING, where
-this variant is until it meets its speed target; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is
-checked on the CPU (tests/test_hopper_attn_compile.py).
+this variant is: see the end of this file; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is checked on
+the CPU (tests/test_hopper_attn_compile.py).
 
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
 (kernels._core.load_module(..., arch="sm_90a")), as kernels/hopper_gemm.py explains. q, k and v are read by TMA
@@ -64,10 +64,13 @@ class Tiles(NamedTuple):
 # The tiling per (head dimension, causal); handed to the kernel with -D (hopper_attn.cu gives the non-causal ones as
 # its defaults, and static_asserts what it can build). d = 64: 192 query rows (three consumer warpgroups): with only
 # 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third. d = 128: tiles
-# of 176 keys, fewer and longer tiles for the same work (a gain at T = 16384; none at 4096, where the 24th tile is
-# mostly padding); under the causal mask 128, since a wider tile puts more keys past the diagonal. Two slots suffice for K and V each at d = 128: a slot is released as soon as its tile's product
-# is done (K after S = Q K^T, V after O += P V), so the next load is issued a whole iteration ahead. Measured on the
-# H100 (notebook 13); tests/test_hopper_attn_gpu.py checks the other tilings too.
+# of 176 keys, fewer and longer tiles for the same work. Since lazy rescaling took most of the fixed cost out of each
+# K/V tile, 176 and 128 keys are close: in five interleaved rounds on the H100 (persistent, not causal, ratio to
+# cuDNN) 176 led at T = 16384 (1.075 against 1.031) and 128 at 2048 to 8192 (by 1 to 3%; 4096 keys are 23.3 tiles of
+# 176, the 24th mostly padding). Under the causal mask 128, since a wider tile puts more keys past the diagonal. Two
+# slots suffice for K and V each at d = 128: a slot is released as soon as its tile's product is done (K after
+# S = Q K^T, V after O += P V), so the next load is issued a whole iteration ahead. Measured on the H100 (notebook
+# 13); tests/test_hopper_attn_gpu.py checks the other tilings too.
 TILES = {
     (64, False): Tiles(192, 128, 4), (64, True): Tiles(192, 128, 4),
     (128, False): Tiles(128, 176, 2), (128, True): Tiles(128, 128, 2),
@@ -95,7 +98,8 @@ def tiles_defines(d: int, tiles: Tiles) -> tuple[str, ...]:
 
 # The two scheduling features of FlashAttention-3 the kernel has, each a compile-time switch (-D OVERLAP=0/1,
 # -D PINGPONG=0/1; both on by default). forward(..., overlap=False) builds and runs the kernel without one, which is
-# how notebook 13 measures what each is worth; tests/test_hopper_attn_gpu.py checks every build.
+# how notebook 13 measures what each is worth; tests/test_hopper_attn_gpu.py checks every build. Lazy rescaling of O
+# is a third switch of the same kind (-D LAZY_RESCALE=0/1, forward(..., lazy_rescale=False)).
 SCHEDULES = {(o, p): defines_from(OVERLAP=int(o), PINGPONG=int(p)) for o in (False, True) for p in (False, True)}
 ELEM_BYTES = 2
 SMEM_ALIGN = 1024  # the kernel aligns its tiles to a swizzle atom, so it asks for this much slack
@@ -140,24 +144,26 @@ NVRTC_BUILDS = [((), DEFINES + SCHEDULES[(True, True)])]
 _CHECKED: set = set()
 
 
-def kernel(dtype: str, d: int, tiles: Tiles, dev: int | None = None, overlap: bool = True, pingpong: bool = True):
-    """The Kernel of one (dtype, d, tiling, schedule): compiled for sm_90a on first use; its register count checked
-    once per device (the consumers' setmaxnreg.inc would wait forever in a build with fewer registers than
+def kernel(dtype: str, d: int, tiles: Tiles, dev: int | None = None, overlap: bool = True, pingpong: bool = True,
+           lazy_rescale: bool = True):
+    """The Kernel of one (dtype, d, tiling, schedule, rescaling): compiled for sm_90a on first use; its register count
+    checked once per device (the consumers' setmaxnreg.inc would wait forever in a build with fewer registers than
     tiles.launch_regs)."""
     name = KERNEL_NAMES[(dtype, d)]
     schedule = (bool(overlap), bool(pingpong))
-    kern = get_kernel(KERNEL_FILE, name, defines=tiles_defines(d, tiles) + SCHEDULES[schedule],
-                      shared_mem=smem_bytes(d, tiles), carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    if (name, tiles, schedule, dev) not in _CHECKED and dev is not None:
+    defines = tiles_defines(d, tiles) + SCHEDULES[schedule] + defines_from(LAZY_RESCALE=bool(lazy_rescale))
+    kern = get_kernel(KERNEL_FILE, name, defines=defines, shared_mem=smem_bytes(d, tiles),
+                      carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
+    if (name, tiles, defines, dev) not in _CHECKED and dev is not None:
         if kern.num_regs != tiles.launch_regs:
             raise RuntimeError(f"{KERNEL_FILE}:{name} was built with {kern.num_regs} registers per thread; its "
                                f"setmaxnreg budget needs exactly {tiles.launch_regs} (launching it could hang)")
-        _CHECKED.add((name, tiles, schedule, dev))
+        _CHECKED.add((name, tiles, defines, dev))
     return kern
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True, tiles=None,
-            persistent=None):
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True, lazy_rescale=True,
+            tiles=None, persistent=None):
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
@@ -167,10 +173,11 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     GPU that is not a Hopper.
 
     overlap=False turns off the pipelining inside a consumer warpgroup (the softmax of one K/V tile under the
-    O += P V of the one before), pingpong=False the turn-taking of the consumer warpgroups at the tensor cores;
+    O += P V of the one before), pingpong=False the turn-taking of the consumer warpgroups at the tensor cores,
+    lazy_rescale=False the lazy rescaling of O (the running row maximum then moves with every tile that raises it);
     tiles=Tiles(block_m, block_n, stages) replaces the tiling of default_tiles(). Each is a separate build of the
     kernel, for measuring what it is worth; the results agree to rounding (with overlap, O is rescaled after P V is
-    added rather than before).
+    added rather than before; with lazy rescaling, p and O are relative to a maximum up to 2^8 below the true one).
 
     persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
     False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
@@ -207,7 +214,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     if persistent is None:
         persistent = not causal
     grid = min(work, device_info(dev).sm_count) if persistent else work
-    kernel(dtype, d, tiles, dev, overlap, pingpong)(
+    kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale)(
         (grid,), (tiles.threads,),
         (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(BH),
          np.float32(scale * LOG2E), np.int32(bool(causal))),
@@ -217,7 +224,9 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
 
 assert hopper_gemm.BLOCK_K == TMA_BOX_COLS  # tensor_map's box is 64 columns wide: one 128-byte swizzle row
 
-# In STAGING, not yet REGISTRY: tested on the full grid, but not in notebook 07's benchmark tables until it is tuned.
+# In STAGING, not REGISTRY: tested on the full grid, and at its speed target (notebook 13), but kept out of notebook
+# 07's benchmark, which runs every REGISTRY variant on whatever GPU it finds and has no way yet to skip one that needs
+# a Hopper.
 register(Variant(
     name="hopper_fa3",
     forward=forward,

@@ -149,7 +149,7 @@ def test_constants_agree_with_the_kernel():
         t = A.TILES[(D, False)]
         for name, value in ((f"BLOCK_M_D{D}", t.block_m), (f"BLOCK_N_D{D}", t.block_n), (f"STAGES_D{D}", t.stages)):
             assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
-    for name in ("OVERLAP", "PINGPONG"):
+    for name in ("OVERLAP", "PINGPONG", "LAZY_RESCALE"):
         assert re.search(rf"#define {name} 1\b", source), f"{name}: the .cu default differs from the launcher"
     assert A.DEFINES == A.tiles_defines(64, A.TILES[(64, False)]) + A.tiles_defines(128, A.TILES[(128, False)])
 

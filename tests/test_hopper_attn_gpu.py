@@ -7,8 +7,9 @@ schedule with the tilings the launcher does not pick by default (176- and 192-ke
 third ring slot, ...) get the shapes that stress the parts they change: one K/V tile (the pipelined loop is only its
 prologue and tail), two (one pass of the loop), many (the rings wrap and the mbarrier phases flip), causal CTAs whose
 tiles differ in count, Tq > Tk under the causal mask (rows and whole CTAs that see no key), a negative scale (the
-softmax's maxima of scaled scores), and more work tiles than SMs (a persistent CTA walks several). Outputs start as
-NaN, so a row the kernel does not write fails. Needs compute capability 9.x; skipped elsewhere with the reason.
+softmax's maxima of scaled scores), and more work tiles than SMs (a persistent CTA walks several). The build without
+lazy rescaling gets the same shapes, and both builds get rows whose maximum climbs from tile to tile, by less and by
+more than the slack the lazy rescaling allows. Outputs start as NaN, so a row the kernel does not write fails. Needs compute capability 9.x; skipped elsewhere with the reason.
 """
 
 import re
@@ -59,6 +60,35 @@ def _check(cp, case, **options):
 def test_schedule_matches_reference(hopper, poison, schedule, case):
     overlap, pingpong = schedule
     _check(hopper, case, overlap=overlap, pingpong=pingpong)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_without_lazy_rescaling_matches_reference(hopper, poison, case):
+    _check(hopper, case, lazy_rescale=False)
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
+@pytest.mark.parametrize("d, causal, climb", [(64, False, 40.0), (64, True, 40.0), (128, False, 40.0),
+                                              (128, True, 6.0), (64, False, -40.0)])
+def test_climbing_row_maxima(hopper, poison, lazy, d, causal, climb):
+    """Scores that rise along the keys by `climb` log2 units in all (falling when negative): with 40 the row maximum
+    passes the kept one by more than 8 every few tiles (a rescale), and by less in between (kept); with 6 it never
+    passes it by 8 after the first tile, so p grows towards 2^6 against the stale maximum."""
+    cp = hopper
+    B, H, Tq, Tk = 1, 2, 300, 1700
+    scale = d ** -0.5
+    q, k, v = R.make_qkv(B, H, Tq, d, Tk, seed=d + Tk)
+    q, k = q * 0.1, k * 0.1
+    q[..., 0] = 1.0
+    k[..., 0] += climb / (scale * A.LOG2E) * np.arange(Tk) / Tk  # q_i . k_j grows by `climb` log2 units over Tk keys
+    dtype = "float16"
+    dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
+    host = [x.get().astype(np.float64) for x in dev]
+    o, lse = A.forward(*dev, causal=causal, return_lse=True, lazy_rescale=lazy)
+    o_ref, lse_ref = R.attention(*host, causal=causal, return_lse=True)
+    res_o, res_lse = kernels.check(o, o_ref, dtype), kernels.check(lse, lse_ref, dtype)
+    assert res_o.ok, f"o: {res_o}"
+    assert res_lse.ok, f"lse: {res_lse}"
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
