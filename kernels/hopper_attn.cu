@@ -131,7 +131,7 @@
 //   Masked scores (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or,
 //   under the causal mask, the diagonal of this warpgroup's rows are masked.
 //   Two savings in instructions per score, which the measurements point to as the softmax's limit on the H100 (more
-//   than the special function unit's 16 exp2 per cycle per SM; see "Tried and dropped"):
+//   than the special function unit's 16 exp2 per cycle per SM; see "Tried and dropped"), both as in flash2_mma.cu:
 //   - The scale is folded into the exponent. In a tile without a mask the scores stay raw: the row maximum is taken
 //     over raw s and scaled once (the minimum when scale < 0), and x_j - m' is one FFMA, s_j * scale log2(e) - m'.
 //     Per score that leaves FMNMX, FFMA, MUFU.EX2, FADD (for l) and half an F2FP (to 16 bits).
