@@ -127,7 +127,7 @@
 //   A thread holds BLOCK_N / 4 of a row's scores per tile; the row max is completed across the four threads t = 0..3
 //   of a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
 //   alpha) and is reduced across the quad once, at the end. While a row has seen no visible key, m = -inf and the
-//   exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0, alpha = 0, O stays 0.
+//   exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0 and O stays 0.
 //   Masked scores (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or,
 //   under the causal mask, the diagonal of this warpgroup's rows are masked.
 //   Two savings in instructions per score, which the measurements point to as the softmax's limit on the H100 (more

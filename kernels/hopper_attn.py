@@ -64,8 +64,8 @@ class Tiles(NamedTuple):
 # The tiling per (head dimension, causal); handed to the kernel with -D (hopper_attn.cu gives the non-causal ones as
 # its defaults, and static_asserts what it can build). d = 64: 192 query rows (three consumer warpgroups): with only
 # 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third. d = 128: tiles
-# of 176 keys, fewer and longer tiles for the same work. Since lazy rescaling took most of the fixed cost out of each
-# K/V tile, 176 and 128 keys are close: in five interleaved rounds on the H100 (persistent, not causal, ratio to
+# of 176 keys, fewer and longer tiles for the same work. After the softmax changes of notebook 13's section 7 the
+# two widths are close: in five interleaved rounds on the H100 (persistent, not causal, ratio to
 # cuDNN) 176 led at T = 16384 (1.075 against 1.031) and 128 at 2048 to 8192 (by 1 to 3%; 4096 keys are 23.3 tiles of
 # 176, the 24th mostly padding). Under the causal mask 128, since a wider tile puts more keys past the diagonal. Two
 # slots suffice for K and V each at d = 128: a slot is released as soon as its tile's product is done (K after
@@ -177,7 +177,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     lazy_rescale=False the lazy rescaling of O (the running row maximum then moves with every tile that raises it);
     tiles=Tiles(block_m, block_n, stages) replaces the tiling of default_tiles(). Each is a separate build of the
     kernel, for measuring what it is worth; the results agree to rounding (with overlap, O is rescaled after P V is
-    added rather than before; with lazy rescaling, p and O are relative to a maximum up to 2^8 below the true one).
+    added rather than before; with lazy rescaling, p and O are relative to a maximum up to 8 log2 units below the true one).
 
     persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
     False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
