@@ -7,6 +7,7 @@
     t.tflops(flops), t.gbps(nbytes)      from the kernel time
     host_overhead_us(fn)       the host's own cost of one call: Python, argument checks, allocation, launch
     copy_bandwidth_gbps(), read_bandwidth_gbps()   the memory ceilings memory-bound kernels are measured against
+    read_call(nbytes)          a pure read of nbytes, to time beside a memory-bound kernel of that size
 
 Two numbers, because they answer two questions:
 
@@ -229,15 +230,23 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
     return t.gbps(2 * nbytes)
 
 
-def read_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
-    """GB/s of a kernel that only reads `nbytes` (read_only in kernels/timing.cu): the ceiling of a kernel that
-    streams data in and writes almost nothing, such as decoding over a KV cache."""
+def read_call(nbytes: int):
+    """A zero-argument callable that reads `nbytes` once (read_only in kernels/timing.cu, over a buffer of its own):
+    a kernel that does nothing but stream those bytes in, to time beside a memory-bound kernel of the same size."""
     src = cp.ones(nbytes // 4, dtype=cp.uint32)
     grid = 4 * device_info().sm_count
     out = cp.empty(grid, dtype=cp.uint32)
     kern = get_kernel(KERNEL_FILE, "read_only")
-    t = benchmark(lambda: kern((grid,), (256,), (src, np.int64(nbytes // 16), out)), batch=10, batches=3, calls=3)
-    del src
+    n4 = np.int64(nbytes // 16)
+    return lambda: kern((grid,), (256,), (src, n4, out))
+
+
+def read_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """GB/s of a kernel that only reads `nbytes` (read_call): the ceiling of a kernel that streams data in and writes
+    almost nothing, such as decoding over a KV cache."""
+    fn = read_call(nbytes)
+    t = benchmark(fn, batch=10, batches=3, calls=3)
+    del fn
     cp.get_default_memory_pool().free_all_blocks()
     return t.gbps(nbytes)
 

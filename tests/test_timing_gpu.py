@@ -49,3 +49,16 @@ def test_flush_buffer_is_larger_than_l2(gpu):
     timing.flush_l2_cache()
     buf = timing._FLUSH_BUFFERS[kernels.device_info().id]
     assert buf.nbytes >= 2 * kernels.device_info().l2_bytes
+
+
+@pytest.mark.parametrize("n4", [1, 1000, 8 * 132 * 4 * 256 + 12345])
+def test_read_only_reads_every_word(gpu, n4):
+    """read_only's XOR over its blocks' outputs is the XOR of all n4 16-byte words: its unrolled loop and the loop
+    for the last words together touch each word exactly once (a word read twice would cancel out of the XOR)."""
+    cp = gpu
+    words = np.random.default_rng(n4).integers(0, 2**32, size=(n4, 4), dtype=np.uint32)
+    src = cp.asarray(words)
+    grid = 4 * kernels.device_info().sm_count
+    out = cp.zeros(grid, dtype=cp.uint32)
+    kernels.get_kernel(timing.KERNEL_FILE, "read_only")((grid,), (256,), (src, np.int64(n4), out))
+    assert int(np.bitwise_xor.reduce(out.get())) == int(np.bitwise_xor.reduce(words.ravel()))
