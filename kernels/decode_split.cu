@@ -100,8 +100,12 @@
 //   The streaming itself runs at the memory's speed (64 MiB in 19.6 us is faster than DRAM alone: part of the cache
 //   is still in L2 from the previous launch). So what is left at batch 1 is the fixed cost at both ends: the first
 //   tile waits for the sequence length (its range depends on it) and then for a burst that every block issues at
-//   once, and the merge is a chain of dependent trips to L2. A merge that loads the lse and o partials in one round,
-//   and copies issued for split 0 before the length arrives (its range always starts at key 0), are the next steps.
+//   once, and the merge is a chain of dependent trips to L2. Loading the lse and o partials in one round (and an
+//   acquire-release arrival in place of atomic + fence) took the batch-1, 4096-key step from 31.3 to 30.9 us (A/B,
+//   5 rounds, same run) and left the merge at 3.0 us: what remains is the writers' fence before their arrival and
+//   the atomic itself. Next: merge the S blocks of a group through distributed shared memory as one thread-block
+//   cluster (sm_90), which needs no trip to L2; and issue split 0's first copies before its length arrives (its
+//   range always starts at key 0).
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -411,6 +415,7 @@ enum : int {
     MMA_ROWS = 16,          // query rows per block: the M of the mma
     MMA_KEYS = 16,          // keys per warp tile: two n-tiles of the scores, one k-step of P V
     MMA_MAX_SPLITS = 256,   // the most splits the merge inside decode_split_mma has shared memory for
+    MERGE_PREFETCH = 16,    // up to this many splits, the merge loads a thread's o partials before its weights
 };
 #ifndef MMA_STAGES
 #define MMA_STAGES 2
@@ -541,8 +546,11 @@ DEVICE void store_block_result(const float* s_m, const float* s_l, const float* 
 // The combine inside decode_split_mma (num_splits > 1): the block that arrives last for its (sequence, KV head, row
 // chunk) merges the S partials of the chunk's rows, so no second kernel is launched. The same merge as
 // decode_combine (lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s), laid out for one block and a few
-// rows: (1) the rows' S lse values into shared memory in one round of loads, (2) one warp per row turns them into
-// weights, (3) each thread sums S float4 of o_part for its (row, 4 columns), the S loads independent of each other.
+// rows: (1) the rows' S lse values into shared memory, (2) one warp per row turns them into weights, (3) each thread
+// sums S float4 of o_part for its (row, 4 columns), the S loads independent of each other. The merge sits at the
+// very end of the launch, so its loads are latency, not bandwidth: where every (row, 4 columns) item has a thread
+// of its own and S <= MERGE_PREFETCH (batch 1 with up to 4 rows per KV head at d = 128, the common case), each
+// thread issues its S o_part loads before (1), and both kinds of partial arrive in one round trip instead of two.
 // The partials were written by other blocks: they are read through L2 (ld.global.cg), never from this SM's L1.
 // s_w: scratch of MMA_ROWS * num_splits + MMA_ROWS floats (the drained tile buffers).
 // ---------------------------------------------------------------------------------------------------------
@@ -556,6 +564,14 @@ DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, c
         const int gr = rc * MMA_ROWS + r;
         return ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;
     };
+    constexpr int C4 = D / 4;  // float4 columns per row
+    const bool early = nr * C4 <= NTHREADS && S <= MERGE_PREFETCH;
+    float4 x[MERGE_PREFETCH];  // early: this thread's S partials of (row, 4 columns) = item threadIdx.x
+    if (early && threadIdx.x < nr * C4) {
+        const float4* op = reinterpret_cast<const float4*>(o_part + qrow(threadIdx.x / C4) * S * D) + threadIdx.x % C4;
+#pragma unroll
+        for (int s = 0; s < MERGE_PREFETCH; ++s) x[s] = s < S ? __ldcg(op + (long long)s * C4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     for (int idx = threadIdx.x; idx < nr * S; idx += NTHREADS)
         s_w[idx] = __ldcg(lse_part + qrow(idx / S) * S + idx % S);
     __syncthreads();
@@ -577,18 +593,26 @@ DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, c
         if (lane == 0) s_lse[r] = wsum > 0.f ? base + __logf(wsum) : NEG_INF;
     }
     __syncthreads();
-    constexpr int C4 = D / 4;  // float4 columns per row
     for (int idx = threadIdx.x; idx < nr * C4; idx += NTHREADS) {
         const int r = idx / C4, c = idx % C4;
         const long long row = qrow(r);
-        const float4* op = reinterpret_cast<const float4*>(o_part + row * S * D) + c;
         const float* w = s_w + r * S;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (early) {  // the loads were issued before (1)
+#pragma unroll
+            for (int s = 0; s < MERGE_PREFETCH; ++s) {
+                const float ws = s < S ? w[s] : 0.f;
+                acc.x = fmaf(ws, x[s].x, acc.x), acc.y = fmaf(ws, x[s].y, acc.y);
+                acc.z = fmaf(ws, x[s].z, acc.z), acc.w = fmaf(ws, x[s].w, acc.w);
+            }
+        } else {
+            const float4* op = reinterpret_cast<const float4*>(o_part + row * S * D) + c;
 #pragma unroll 8
-        for (int s = 0; s < S; ++s) {
-            const float4 x = __ldcg(op + (long long)s * C4);
-            acc.x = fmaf(w[s], x.x, acc.x), acc.y = fmaf(w[s], x.y, acc.y);
-            acc.z = fmaf(w[s], x.z, acc.z), acc.w = fmaf(w[s], x.w, acc.w);
+            for (int s = 0; s < S; ++s) {
+                const float4 xs = __ldcg(op + (long long)s * C4);
+                acc.x = fmaf(w[s], xs.x, acc.x), acc.y = fmaf(w[s], xs.y, acc.y);
+                acc.z = fmaf(w[s], xs.z, acc.z), acc.w = fmaf(w[s], xs.w, acc.w);
+            }
         }
         uint2 packed;  // four 16-bit values, one 8-byte store
         packed.x = static_cast<u32>(from_float<BF16>(acc.x)) | static_cast<u32>(from_float<BF16>(acc.y)) << 16;
@@ -783,11 +807,10 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned int* count = arrivals + ((long long)b * Hkv + hk) * row_chunks + rc;
-        s_last = atomicAdd(count, 1u) == static_cast<unsigned int>(num_splits) - 1u;
-        if (s_last) {
-            *count = 0u;  // every block of the group has arrived: zero again for the next launch
-            __threadfence();  // the other blocks' partials, made visible before their arrivals, are read after this
-        }
+        unsigned int before;  // acquire: the last block's reads below see what the others released with theirs
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(count) : "memory");
+        s_last = before == static_cast<unsigned int>(num_splits) - 1u;
+        if (s_last) *count = 0u;  // every block of the group has arrived: zero again for the next launch
     }
     __syncthreads();
     if (s_last)

@@ -135,6 +135,20 @@ def test_split_counts_agree(gpu, poison, splits, page, name):
     _check(o, lse, host, "bfloat16", var)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("G,Tq", [(1, 1), (4, 1), (5, 1), (2, 4)])
+@pytest.mark.parametrize("splits", [2, 16, 17])
+def test_mma_merge_paths(gpu, poison, d, G, Tq, splits):
+    """decode_split_mma's own merge on both sides of its one-round path, which needs a thread per (row, 4 columns)
+    item (rows * d / 4 <= 128 threads) and at most MERGE_PREFETCH = 16 splits: 1 to 8 rows per KV head cross the
+    first limit at d = 128 and reach it at d = 64; 16 and 17 splits cross the second. The short sequence leaves
+    splits with no key (their lse is -inf)."""
+    var = kernels.DECODE_REGISTRY["decode_split_mma"]
+    dev, host = make_problem(gpu, 2, 2 * G, 2, Tq, d, [1500, 37], 1600, "float16", seed=11)
+    o, lse = _run(var, dev, num_splits=splits)
+    _check(o, lse, host, "float16", var)
+
+
 def test_split_heuristic_plan(gpu):
     """What decode() launches at batch 1 fills the GPU; at a large batch it does not split."""
     info = kernels.device_info()
