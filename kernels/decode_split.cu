@@ -549,8 +549,8 @@ DEVICE void store_block_result(const float* s_m, const float* s_l, const float* 
 // rows: (1) the rows' S lse values into shared memory, (2) one warp per row turns them into weights, (3) each thread
 // sums S float4 of o_part for its (row, 4 columns), the S loads independent of each other. The merge sits at the
 // very end of the launch, so its loads are latency, not bandwidth: where every (row, 4 columns) item has a thread
-// of its own and S <= MERGE_PREFETCH (batch 1 with up to 4 rows per KV head at d = 128, the common case), each
-// thread issues its S o_part loads before (1), and both kinds of partial arrive in one round trip instead of two.
+// of its own and S <= MERGE_PREFETCH (up to 4 rows per KV head at d = 128, 8 at d = 64), each thread issues its
+// S o_part loads before (1), and both kinds of partial arrive in one round trip instead of two.
 // The partials were written by other blocks: they are read through L2 (ld.global.cg), never from this SM's L1.
 // s_w: scratch of MMA_ROWS * num_splits + MMA_ROWS floats (the drained tile buffers).
 // ---------------------------------------------------------------------------------------------------------
