@@ -15,7 +15,7 @@
 //
 // Algorithm (one thread block = BR query rows of one (b, h); NWARPS warps, each owns 16*MT whole rows)
 //   load Q tile -> shared (cp.async)            ; m = -inf, l = 0, O = 0 in registers
-//   prefetch K, V tile 0 -> stage 0 (cp.async)
+//   prefetch K, V tile 0 -> stage 0 (cp.async; fused builds: K with Q in one group, V in the next)
 //   for each key tile j (causal: only tiles that hold a visible key):
 //       wait for tile j; __syncthreads (the one barrier per tile: it also frees the stage of tile j-1)
 //       prefetch K, V tile j+1 -> that other stage (cp.async; it lands while this tile computes)
@@ -26,7 +26,8 @@
 //       P = exp2(c * S - m')     : one FMA and one ex2.approx per score, in place in the S registers
 //       l = l*exp2(m-m') + rowsum P ; O *= exp2(m - m') (skipped by a warp none of whose rows moved)
 //       O += P V                 : P converted to 16 bits in registers = the A fragments; V by ldmatrix.trans
-//   O /= l (the 4 threads of a row sum their partial l first); write O (16-bit) and lse = ln2 * (m + log2 l)
+//   O /= l (the 4 threads of a row sum their partial l first); O (16-bit) through the warp's own rows of sQ to
+//   global memory in 16-byte chunks; lse = ln2 * (m + log2 l)
 //
 // mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4; PTX ISA "Matrix Fragments for mma.m16n8k16")
 //
@@ -81,14 +82,16 @@
 //   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
 //   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
 //   online_softmax       mask, row max, P = exp2(c S - m), l        (in place in the S registers)
-//   online_softmax_ilp   the same, all rows of a lane side by side, mask only when MASK (ILP builds)
-//   kv_tile              one K/V tile: wait, barrier, prefetch the next, the four steps above
+//   softmax_max_ilp      its first half, all rows of a lane side by side: mask (only when MASK), row max, base moves
+//   online_softmax_ilp   softmax_max_ilp, then P = exp2(c S - m) and l for all rows side by side (ILP builds)
+//   kv_tile              one K/V tile: wait, barrier, prefetch the next, the steps above and below
 //   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
 //   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
-//   store_output         O / l and the LSE
+//   softmax_exp_pv       P = exp2(c S - m) and l made 16 keys at a time inside O += P V (fused ILP builds)
+//   store_output         O / l through shared memory in 16-byte chunks, and the LSE
 //   attention_block      one block's work: Q tile, the K/V loop over the steps above, the store
 //
-// Two loops over the K/V tiles (attention_block's ILP; chosen at compile time per build, see IlpBuild)
+// Three loops over the K/V tiles (chosen at compile time per build: IlpBuild, then FusedBuild)
 //   row by row   online_softmax: each of a lane's 2 MT rows in turn (max, two shuffles, exponentials, sum), with the
 //                mask applied when a run-time flag says the tile needs it. The compiler turns that flag and the
 //                per-row steps into branches, so the two shuffles (~30 cycles each) and the ex2 latency of one
@@ -99,21 +102,36 @@
 //                rest (the ragged last tile, the causal diagonal) with it. online_softmax_ilp does the maxima, the
 //                first shuffles, the second shuffles and the exponentials of all 2 MT rows side by side with no
 //                branch between them, so their latencies overlap. Same arithmetic in the same order: o and lse are
-//                bit for bit those of the row-by-row loop (notebook 06 compares them). It needs about 220
-//                registers at D=64.
-//   Builds whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is at least ILP_MIN_REGS = 200 take the
+//                bit for bit those of the row-by-row loop (notebook 06 compares them). The D = 96 and 128 builds.
+//   fused ILP    the ILP loop with the softmax cut where the rescale branch is: softmax_max_ilp, the branch, then
+//                softmax_exp_pv, which makes each 16-key step's exponentials right before the MMAs that take them,
+//                in one basic block with them, so that ex2 and mma.sync overlap. Tile 0's V is waited for only
+//                before its first P V: S = Q K^T of tile 0 starts as soon as Q and K are in. Same bits again. The
+//                D = 32 and 64 builds (FUSED_MAX_D); at D = 128 it spilled 56 to 92 bytes per thread.
+//   Builds whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is at least ILP_MIN_REGS = 200 take an
 //   ILP loop: every build of kernels/flash2_mma.py's TILES. On an H100 (notebook 06, section 7: B=4 H=32 T=4096,
 //   not causal, fp16, one run) the ILP loop took 3.03 ms at D=128 against 3.39 for the row-by-row loop on the same
 //   tile, and 1.77 ms at D=64 against 1.98 on the same tile and 1.80 at three blocks per SM (the default before it).
+// What was measured (H100, B=4 H=32 unless said; both kernels in one run, 5 interleaved rounds; medians of SDPA flash's
+// kernel time over ours, the kernel before -> after the fused loop and the store through shared memory; fp16 / bf16)
+//   D=64   llm.c's B=8 H=12 T=1024 causal 1.26 -> 1.32; T=1024 causal 1.23 -> 1.28 / 1.23 -> 1.28, full 1.03 -> 1.08
+//          / 1.03 -> 1.08; T=4096 causal 1.04 -> 1.09 / 1.04 -> 1.04, full 1.02 -> 1.04 / 1.04 -> 1.09; T=16384
+//          (fp16) causal 1.01 -> 1.06, full 1.01 -> 1.06.
+//   D=128  (the store only) T=1024 causal 1.20 -> 1.21 / 1.20 -> 1.21, full 0.99 -> 1.04 / 0.99 -> 1.04; T=4096
+//          causal 1.00 -> 1.05 / 1.02 -> 1.04, full 1.03 -> 1.03 / 1.02 -> 1.06; T=16384 (fp16) causal 0.98 -> 1.04,
+//          full 1.04 -> 1.09.
+//   Taken apart at D=64, T=1024 full fp16 (an earlier run, same method): 1.03 before, 1.06 with the fused loop alone,
+//   1.04 with the store alone, 1.08 with both and the early tile 0. At D=128 the early tile 0 made T=1024 slower
+//   (1.00 against 1.03 without it): at 255 registers every change to that build moves its register allocation.
+//   The same code timed twice in one run differed by up to 2 to 4% at T >= 4096; read single cells with that in mind.
 // Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES and VARLEN_TILES)
-//   dense    D=32: 175, D=64: 219 (two blocks per SM), D=96: 255, no spills; D=128: 255 registers and 8 bytes of
+//   dense    D=32: 186, D=64: 254 (two blocks per SM), D=96: 254, no spills; D=128: 255 registers and 24 bytes of
 //            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
 //            fragments in flight (the row-by-row loop spills 44 bytes there).
-//   varlen   D=32: 177, D=64: 224, D=96: 254, no spills; D=128: 255 and 20 bytes of spill stores (its row strides
-//            are three more live values than the dense kernel's d).
-//   sm_80 (A100): no spills except varlen D=128 (4 bytes). CuPy's NVRTC may count a few registers differently;
-//   notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM (MIN_BLOCKS=3, the
-//   cap of 168 registers) takes the row-by-row loop: no spills on sm_90, 52 bytes on sm_80.
+//   varlen   D=32: 189, D=64: 240, D=96: 254, no spills; D=128: 255 and 24 bytes of spill stores.
+//   sm_80 (A100): no spills except D=128, dense and varlen (8 bytes). CuPy's NVRTC may count a few registers
+//   differently; notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM
+//   (MIN_BLOCKS=3, the cap of 168 registers) takes the row-by-row loop.
 //   Splitting the body into attention_block for the varlen kernel (notebook 09) left the dense builds as they were:
 //   the same registers and spills, and `cuobjdump -sass` listed the same instructions before and after that split.
 // Limits (checked by kernels/flash2_mma.py before launch)
@@ -213,6 +231,17 @@ DEVICE u32 pack2(float lo, float hi) {
     } else {
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     }
+    return r;
+}
+
+// 4 bytes to shared memory; 16 bytes from it (a 16-byte aligned 32-bit shared-window address).
+DEVICE void st_shared_u32(u32 addr, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory"); }
+DEVICE uint4 ld_shared_v4(u32 addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(addr)
+                 : "memory");
     return r;
 }
 
@@ -364,18 +393,18 @@ DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[M
     return moved;
 }
 
-// online_softmax_ilp: the same computation as online_softmax, for builds with registers to spare (the ILP loop of
-// attention_block). MASK (compile time): the tile may hold a masked key (a key >= Tk, or under the causal mask a key
-// after a row's diagonal); without it no mask code is emitted at all. With it, one integer compare per score against
-// rel, the last visible key of the row relative to this lane's first column.
+// The ILP loops' softmax comes in two halves (the ILP loop of attention_block, for builds with registers to spare).
+// softmax_max_ilp, the first half: the mask, each row's max, the move of its base and the correction, in place in the
+// S registers; it returns whether any row of this lane moved. MASK (compile time): the tile may hold a masked key (a
+// key >= Tk, or under the causal mask a key after a row's diagonal); without it no mask code is emitted at all. With
+// it, one integer compare per score against rel, the last visible key of the row relative to this lane's first column.
 // The steps run for all 2 MT rows of the lane at once (all maxima, then all first shuffles, then all second
-// shuffles, then all exponentials), with no branch in between: the 2 MT dependency chains (a shuffle waits about
-// 30 cycles, an ex2 about 20) overlap instead of running one row after the other. Each row's arithmetic is the
-// same as one row at a time, in the same order, so P, l and O are bit for bit what the row-by-row loop gave.
+// shuffles), with no branch in between: the 2 MT dependency chains (a shuffle waits about 30 cycles) overlap instead
+// of running one row after the other. Each row's arithmetic is the same as one row at a time, in the same order, so
+// P, l and O are bit for bit what the row-by-row loop gave.
 template <int BC, int MT, bool MASK>
-DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
-                               float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
-                               float scale_log2) {
+DEVICE bool softmax_max_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&correction)[MT][2],
+                            int warp_row0, int k0, int Tk, int diag, int causal, float scale_log2) {
     constexpr int S_NT = BC / MMA_N;
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
     if constexpr (MASK) {
@@ -421,13 +450,31 @@ DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_ma
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
-            // the exponent's FMA below, not multiplied into every score.
+            // the exponent's FMA (the second half), not multiplied into every score.
             const float m_tile = mx[mt][h] * scale_log2;
             const float old = row_max[mt][h];
             const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
             row_max[mt][h] = move ? m_tile : old;
             correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
             moved |= move;
+        }
+    }
+    return moved;
+}
+
+// online_softmax_ilp: the same computation as online_softmax, as the unfused ILP loop runs it: softmax_max_ilp, then
+// P = exp2(c S - base) in place and l, all 2 MT rows side by side (an ex2 waits about 20 cycles).
+template <int BC, int MT, bool MASK>
+DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                               float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
+                               float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const bool moved =
+        softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, k0, Tk, diag, causal, scale_log2);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
             const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
             float sum = 0.f;
 #pragma unroll
@@ -486,33 +533,122 @@ DEVICE void warp_accumulate_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&a
     }
 }
 
+// The second half of the softmax fused with O += P V (the fused ILP loop): P = exp2(c S - base) and its row sums are
+// made 16 keys at a time, right before the mma.sync that takes them as its A operand. With the rescale branch before
+// it, the exponentials of one 16-key step and the MMAs of the step before are one basic block, which the compiler
+// interleaves; in the unfused loops every exponential is done before the first MMA of P V. Same arithmetic in the
+// same order as online_softmax_ilp + warp_accumulate_pv (the row sums add their keys in the same order), so the same
+// bits. acc_s holds the raw (masked) scores; row_max and correction are softmax_max_ilp's.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void softmax_exp_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
+                           const float (&row_max)[MT][2], float (&row_sum)[MT][2], const float (&correction)[MT][2],
+                           float scale_log2, u32 v_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int O_NT = D / MMA_N;
+    float base[MT][2], sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            base[mt][h] = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            sum[mt][h] = 0.f;
+        }
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float p[2][2][2];  // [n-tile 2kk + i][row g or g + 8][column 2t + e]
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        p[i][h][e] = exp2_ftz(fmaf(acc_s[mt][2 * kk + i][2 * h + e], scale_log2, -base[mt][h]));
+                        sum[mt][h] += p[i][h][e];
+                    }
+            a[mt][0] = pack2<BF16>(p[0][0][0], p[0][0][1]);  // row g,   keys 0..7
+            a[mt][1] = pack2<BF16>(p[0][1][0], p[0][1][1]);  // row g+8, keys 0..7
+            a[mt][2] = pack2<BF16>(p[1][0][0], p[1][0][1]);  // row g,   keys 8..15
+            a[mt][3] = pack2<BF16>(p[1][1][0], p[1][1][1]);  // row g+8, keys 8..15
+        }
+#pragma unroll
+        for (int np = 0; np < O_NT / 2; ++np) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum[mt][h];
+}
+
 // The epilogue: O / l in 16 bits (the 4 lanes of a row add their partial l first), lse = ln2 * (m + log2 l).
 // oh: this head's O, rows ld_o elements apart; lse[lse_base + row] is the row's log-sum-exp (lse may be null).
+// O goes out through shared memory: each lane puts its packed pairs into the warp's own rows of sQ (sq_warp: the
+// warp's first row there; 4-byte stores, the pad keeps the 32 lanes on 32 banks), then the warp copies them out in
+// whole 16-byte chunks, a row's chunks side by side. Stored straight from the accumulators, the same O took four
+// times as many store instructions, each writing 16-byte pieces of 8 rows, and the kernel was slower where a block's
+// loop is short (see "What was measured" in the header).
 template <int D, int MT, bool BF16>
 DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long long lse_base,
                          const float (&acc_o)[MT][D / MMA_N][4], const float (&row_max)[MT][2],
-                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d, int ld_o) {
+                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d, int ld_o, u32 sq_warp) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int WR = MMA_M * MT;
+    constexpr int CHUNKS = D / CHUNK;
     const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    __syncwarp();  // every lane's last ldmatrix of these Q rows comes before any lane's store over them
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+            const int r = mt * MMA_M + g + 8 * h;  // row within the warp
             const float l = quad_sum(row_sum[mt][h]);
             const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (row < Tq) {
 #pragma unroll
-                for (int nt = 0; nt < D / MMA_N; ++nt) {
-                    const int col = nt * MMA_N + 2 * t;
-                    if (col < d)
-                        *reinterpret_cast<u32*>(oh + (long long)row * ld_o + col) =
-                            pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
-                }
-                if (lse != nullptr && t == 0)
-                    lse[lse_base + row] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
-            }
+            for (int nt = 0; nt < D / MMA_N; ++nt)
+                st_shared_u32(sq_warp + 2 * (r * LD + nt * MMA_N + 2 * t),
+                              pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv));
+            if (lse != nullptr && t == 0 && warp_row0 + r < Tq)
+                lse[lse_base + warp_row0 + r] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
         }
     }
+    __syncwarp();
+#pragma unroll
+    for (int i = lane; i < WR * CHUNKS; i += WARP_SIZE) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        if (warp_row0 + r < Tq && c * CHUNK < d)
+            *reinterpret_cast<uint4*>(oh + (long long)(warp_row0 + r) * ld_o + c * CHUNK) =
+                ld_shared_v4(sq_warp + 2 * (r * LD + c * CHUNK));
+    }
+}
+
+// Which ILP builds fuse the exponentials into P V (softmax_exp_pv) and wait for tile 0's V apart from its K: those with
+// D <= FUSED_MAX_D (see "Three loops" in the header). -DFUSED_MAX_D=0 turns both off, to time one against the other.
+#ifndef FUSED_MAX_D
+#define FUSED_MAX_D 64
+#endif
+template <int D, bool ILP>
+struct FusedBuild {
+    static constexpr bool value = ILP && D <= FUSED_MAX_D;
+};
+
+// Tile 0's V (its own cp.async group) before the first P V: when tile 1's prefetch is in flight too, at most that
+// one group may stay pending; then the barrier makes every thread's copies of V visible.
+DEVICE void wait_v0(bool next_in_flight) {
+    if (next_in_flight)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+    __syncthreads();
 }
 
 // One K/V tile j of the loop in attention_block, as the whole block runs it: wait for the tile, the barrier, the
@@ -527,7 +663,12 @@ DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], f
     constexpr int NTHREADS = NWARPS * WARP_SIZE;
     constexpr u32 TILE_KV = 2 * BC * (D + SMEM_PAD);  // bytes of one K (or V) stage
     const int stage = j & 1;
-    cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
+    constexpr bool FUSED = FusedBuild<D, ILP>::value;
+    const bool split_v = FUSED && j == 0;  // tile 0 of a fused build: K came with Q, V in a cp.async group of its own
+    if (split_v)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
     __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
     if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
         load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
@@ -539,6 +680,15 @@ DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], f
     warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
 
     float correction[MT][2];
+    if constexpr (FUSED) {
+        const bool moved = softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, j * BC, Tk, diag,
+                                                        causal, scale_log2);
+        if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);
+        if (split_v) wait_v0(j + 1 < n_tiles);
+        softmax_exp_pv<D, BC, MT, BF16>(acc_o, acc_s, row_max, row_sum, correction, scale_log2,
+                                        sV + stage * TILE_KV + v_lane);
+        return;
+    }
     bool moved;
     if constexpr (ILP)
         moved = online_softmax_ilp<BC, MT, MASK>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, Tk, diag,
@@ -547,7 +697,7 @@ DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], f
         moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, edge, Tk, diag, causal,
                                        scale_log2);                                                  // S -> P
     if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
-
+    if (split_v) wait_v0(j + 1 < n_tiles);
     warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
 }
 
@@ -584,10 +734,9 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
     const int n_tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
 
     load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d, ld_q);
-    if (n_tiles > 0) {
-        load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d, ld_kv);
-        load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d, ld_kv);
-    }
+    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d, ld_kv);
+    if constexpr (FusedBuild<D, ILP>::value) cp_async_commit();  // Q and K of tile 0: what S = Q K^T waits for
+    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d, ld_kv);
     cp_async_commit();
 
     float acc_o[MT][D / MMA_N][4];
@@ -637,11 +786,14 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
     }
     // ---- the end: normalise and store ------------------------------------------------------------------------
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
-
-    store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o);
+    // O goes out through this warp's own rows of sQ, which no other warp reads. With no K/V tile there was no
+    // barrier after Q's copies: another thread's copy into those rows may still be landing, so wait for all of them.
+    if (n_tiles == 0) __syncthreads();
+    store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o,
+                              sQ + 2 * warp * WR * LD);
 }
 
-// Which loop a build runs (see "Two loops" in the header). The ILP loop gives the compiler more independent
+// Which loop a build runs (see "Three loops" in the header). The ILP loop gives the compiler more independent
 // instructions to overlap, which costs registers: the D=64 build needs about 220 with it, and under the 168-register
 // cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does not. So by default a
 // build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS keeps the row-by-row

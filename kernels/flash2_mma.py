@@ -39,9 +39,12 @@ BUILD_FOR = {d: next(D for D in HEAD_DIMS if D >= d) for d in range(1, MAX_D + 1
 MMA_M = 16  # rows of one mma.m16n8k16 tile (= MMA_M in flash2_mma.cu)
 SMEM_PAD = 8  # elements of padding per shared-memory row; handed to the kernel as -DSMEM_PAD
 # A build takes the kernel's ILP loop when its register cap (65536 / (threads * MIN_BLOCKS) per thread) is at least
-# this; handed to the kernel as -DILP_MIN_REGS (see the kernel's header, "Two loops").
+# this; handed to the kernel as -DILP_MIN_REGS (see the kernel's header, "Three loops").
 ILP_MIN_REGS = 200
-DEFINES = defines_from(SMEM_PAD=SMEM_PAD, ILP_MIN_REGS=ILP_MIN_REGS)
+# An ILP build with D at most this runs the fused ILP loop (the exponentials made inside O += P V); handed to the kernel
+# as -DFUSED_MAX_D. At D = 128 the fused loop spills, so those builds keep the unfused one.
+FUSED_MAX_D = 64
+DEFINES = defines_from(SMEM_PAD=SMEM_PAD, ILP_MIN_REGS=ILP_MIN_REGS, FUSED_MAX_D=FUSED_MAX_D)
 ALIGN = 16  # bytes: cp.async and the 4-byte output stores need 16-byte aligned bases
 LOG2E = 1.0 / math.log(2.0)
 DTYPES = ("float16", "bfloat16")
@@ -55,7 +58,7 @@ class MmaTile(NamedTuple):
 
     ILP picks the kernel's K/V loop: None lets the kernel choose by the register cap (the ILP loop where a thread may
     have ILP_MIN_REGS registers or more), True / False force the ILP / the row-by-row loop (the kernel's header,
-    "Two loops"; notebook 06 times both)."""
+    "Three loops"; notebook 06 times both). An ILP build of D <= FUSED_MAX_D runs the fused ILP loop (loop_for)."""
     BC: int
     NWARPS: int
     MT: int
@@ -67,6 +70,10 @@ class MmaTile(NamedTuple):
         """"ILP" or "row by row": the K/V loop this tile's build runs (the kernel's IlpBuild, worked out here)."""
         ilp = 65536 // (self.threads * self.MIN_BLOCKS) >= ILP_MIN_REGS if self.ILP is None else self.ILP
         return "ILP" if ilp else "row by row"
+
+    def loop_for(self, D: int) -> str:
+        """The loop the build of this tile for head dim D runs: "row by row", "ILP" or "fused ILP" (FusedBuild)."""
+        return "fused ILP" if self.loop == "ILP" and D <= FUSED_MAX_D else self.loop
 
     @property
     def defines(self) -> tuple[str, ...]:

@@ -6,7 +6,8 @@
 fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
 duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
 printed. flash2_mma runs twice per d: with the kernel's row-by-row loop on the tile that was the default before the
-ILP loop ("row loop", the "before" of notebook 06, section 7) and with the default build ("ILP"). Notebook 06 shows
+ILP loop ("row loop", the "before" of notebook 06, section 7) and with the default build ("default": the ILP loop
+at d=128, the fused ILP loop at d=64). Notebook 06 shows
 the table recorded on the H100 (results/h100-ncu.txt). With --hopper: hopper_fa3 (kernels/hopper_attn.cu) and SDPA's
 cuDNN backend, once each per d, with the Hopper rows added (wgmma's tensor-pipe activity, memory throughput); notebook
 13 shows results/h100-ncu-hopper.txt. Needs `ncu` on the PATH.
@@ -33,7 +34,7 @@ METRICS = {
 KERNELS = "regex:flash2_mma_forward|flash_fwd_kernel"
 # The "before" build per d: the row-by-row loop on the tile that was the default before the ILP loop.
 ROW_LOOP_TILES = {64: (64, 4, 2, 3, False), 128: (64, 4, 2, 1, False)}
-COLUMNS = [f"{n} d={d}" for d in (64, 128) for n in ("mma row loop", "mma ILP", "SDPA flash")]
+COLUMNS = [f"{n} d={d}" for d in (64, 128) for n in ("mma row loop", "mma default", "SDPA flash")]
 
 
 def launch():

@@ -110,6 +110,18 @@ def test_flash2_mma_loop_rule():
         M.MmaTile(64, 4, 2, 2, "yes").check(64)
 
 
+def test_flash2_mma_fused_rule():
+    """MmaTile.loop_for mirrors the kernel's FusedBuild: an ILP build with D <= FUSED_MAX_D runs the fused loop, which
+    reaches the compiler as -DFUSED_MAX_D; a row-by-row build stays row by row at any D."""
+    from kernels import flash2_mma as M
+
+    assert "-DFUSED_MAX_D=%d" % M.FUSED_MAX_D in M.DEFINES
+    assert [M.TILES[D].loop_for(D) for D in M.HEAD_DIMS] == ["fused ILP", "fused ILP", "ILP", "ILP"]
+    assert M.MmaTile(64, 4, 2, 3).loop_for(64) == "row by row"
+    assert M.MmaTile(64, 4, 2, 2, False).loop_for(32) == "row by row"
+    assert M.MmaTile(64, 4, 2, 1, True).loop_for(128) == "ILP"
+
+
 def test_prepared_launch_matches_kernel_call(gpu):
     """_core.Launch (pointers packed per call, constants packed once) writes what a Kernel call writes."""
     cp = gpu
