@@ -654,6 +654,8 @@ DEVICE void wait_v0(bool next_in_flight) {
 // One K/V tile j of the loop in attention_block, as the whole block runs it: wait for the tile, the barrier, the
 // prefetch of tile j+1 into the other stage, then S = Q K^T, the softmax, O *= correction and O += P V.
 // ILP: online_softmax_ilp, masked when MASK (compile time); otherwise online_softmax, masked when edge (run time).
+// Fused (FusedBuild): softmax_max_ilp, the rescale, then softmax_exp_pv in place of the softmax's exponentials and
+// O += P V; on tile 0 the wait for V (its own cp.async group) and a second barrier come just before that.
 // sK, sV: the two stages' base addresses; kh, vh: the head's K and V rows, ld_kv elements apart.
 template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, bool MASK>
 DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2], int j,
