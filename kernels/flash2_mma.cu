@@ -127,7 +127,7 @@
 // Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES and VARLEN_TILES)
 //   dense    D=32: 186, D=64: 254 (two blocks per SM), D=96: 254, no spills; D=128: 255 registers and 24 bytes of
 //            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
-//            fragments in flight (the row-by-row loop spills 44 bytes there).
+//            fragments in flight (the row-by-row loop spills 32 bytes there).
 //   varlen   D=32: 189, D=64: 240, D=96: 254, no spills; D=128: 255 and 24 bytes of spill stores.
 //   sm_80 (A100): no spills except D=128, dense and varlen (8 bytes). CuPy's NVRTC may count a few registers
 //   differently; notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM
@@ -796,13 +796,13 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
 }
 
 // Which loop a build runs (see "Three loops" in the header). The ILP loop gives the compiler more independent
-// instructions to overlap, which costs registers: the D=64 build needs about 220 with it, and under the 168-register
-// cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does not. So by default a
-// build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS keeps the row-by-row
-// loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1 (default) by the cap.
-// The launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in Python), and
-// ILP_MODE for a tile whose ILP field is set (kernels/flash2_mma.py: MmaTile), so that the two loops can be timed
-// and compared on the same tile.
+// instructions to overlap, which costs registers: the D=64 build needs about 220 with it (254 with the fused loop),
+// and under the 168-register cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does
+// not. So by default a build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS
+// keeps the row-by-row loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1
+// (default) by the cap. The launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in
+// Python), and ILP_MODE for a tile whose ILP field is set (kernels/flash2_mma.py: MmaTile), so that the two loops can
+// be timed and compared on the same tile.
 #ifndef ILP_MIN_REGS
 #define ILP_MIN_REGS 200
 #endif
