@@ -21,7 +21,8 @@ from ._core import (
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
 from .registry import (DECODE_REGISTRY, REGISTRY, STAGING, DecodeVariant, Variant, register, register_decode,
                        tested_variants)
-from .timing import Timing, attention_bytes, attention_flops, benchmark, format_table, host_overhead_us
+from .timing import (Timing, attention_bytes, attention_flops, benchmark, compare, format_table, host_overhead_us,
+                     paired_ratio, sustained)
 
 # Every launcher module: importing one registers its attention variants. tests/test_project.py fails when a
 # kernels/<name>.cu has no launcher imported here, or a launcher with a forward() registers nothing.
@@ -45,7 +46,7 @@ __all__ = [
     "REGISTRY", "STAGING", "tested_variants", "Variant", "register",
     "DECODE_REGISTRY", "DecodeVariant", "register_decode",
     "check", "CheckResult", "TOLERANCES", "poisoned_allocations",
-    "benchmark", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
+    "benchmark", "compare", "paired_ratio", "sustained", "host_overhead_us", "Timing", "attention_flops", "attention_bytes", "format_table",
     "kernel_source", "kernel_steps", "load_module", "get_kernel", "gpu_name", "gpu_unavailable_reason", "device_compute_capability",
     "device_info", "GPUNotAvailableError", "UnsupportedDeviceError",
 ]

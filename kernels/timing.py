@@ -5,6 +5,8 @@
     t.call_ms                  call time: what one Python call costs, host overhead included
     t.flushed_ms               kernel time with a cold L2 (only with flush_l2=True)
     t.tflops(flops), t.gbps(nbytes)      from the kernel time
+    compare({"ours": f, "peer": g})    several callables side by side, in rounds; paired_ratio(t_f, t_g) from them
+    sustained(fn)              the kernel time once the GPU has run fn for seconds, with its clock and power then
     host_overhead_us(fn)       the host's own cost of one call: Python, argument checks, allocation, launch
     copy_bandwidth_gbps(), read_bandwidth_gbps()   the memory ceilings memory-bound kernels are measured against
     read_call(nbytes)          a pure read of nbytes, to time beside a memory-bound kernel of that size
@@ -25,6 +27,15 @@ call time    What does a user's single call cost? A pair of events around one ca
 If a call waits for the GPU itself (it reads a result back, for example), the host cannot queue the batch
 while the GPU holds, the batch includes host time, and Timing.host_bound says so.
 
+Ratios between kernels. A GPU's clock is not constant: it starts a run cool, at its top clock, and a long run of
+tensor-core work reaches the board's power limit (700 W on an H100 SXM), where the clock falls to whatever keeps the
+power there (1.45-1.8 GHz in notebook 06's measurement, against 1.98 GHz). A kernel timed at the start of a run and
+its peer timed a minute later can differ by 10% for that reason alone. compare() times the kernels of one
+comparison in rounds (each round times every kernel once, the order turned by one place per round, so none always
+runs first or always right after the same neighbour), and paired_ratio() takes the median, over the rounds, of the
+two kernels' ratio within a round. sustained() answers the other question, what a long job sees: the time per call
+after seconds of nothing but that kernel, with the clock and power it ran at.
+
 Also: the FLOP and byte counts of attention, and a small table printer that notebooks and the command line share.
 """
 
@@ -32,7 +43,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -62,6 +73,7 @@ class Timing:
     batches: int = 0
     calls: int = 0
     samples: list = field(repr=False, default_factory=list)  # kernel ms of each batch
+    rounds: list = field(repr=False, default_factory=list)  # compare(): kernel ms of each round, in round order
 
     def tflops(self, flops: float, which: str = "kernel") -> float:
         return flops / (self._ms(which) * 1e-3) / 1e12
@@ -88,6 +100,7 @@ class Timing:
         """Numbers only (for JSON)."""
         d = asdict(self)
         d.pop("samples")
+        d.pop("rounds")
         return d
 
 
@@ -192,6 +205,90 @@ def benchmark(fn, *, batch: int | None = None, batches: int = 5, calls: int = 10
         flushed_ms=statistics.median(flushed) if flushed else None,
         flushed_min_ms=min(flushed) if flushed else None, flushed_max_ms=max(flushed) if flushed else None,
         host_bound=host_bound, batch=batch, batches=batches, calls=calls, samples=kernel)
+
+
+def compare(fns: dict, *, rounds: int = 3, **options) -> dict:
+    """{name: Timing} for each zero-argument callable of `fns`, timed side by side (see "Ratios between kernels").
+
+    Round r runs benchmark(fn, **options) once for every callable, starting r places further along the list, so
+    that each callable runs first in some round and follows a different neighbour. The Timing returned for a callable
+    is its median round (the round of median kernel time: its columns then come from one measurement), with
+    `rounds` holding the kernel time of every round, in round order, for paired_ratio.
+    """
+    if rounds < 1 or not fns:
+        raise ValueError(f"compare needs at least one callable and rounds >= 1; got {len(fns)} and {rounds}")
+    names = list(fns)
+    per_round = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            per_round[name].append(benchmark(fns[name], **options))
+    out = {}
+    for name in names:
+        ts = per_round[name]
+        median_round = sorted(ts, key=lambda t: t.ms)[(len(ts) - 1) // 2]
+        out[name] = replace(median_round, rounds=[t.ms for t in ts])
+    return out
+
+
+def paired_ratio(t: Timing, peer: Timing, *, worst: bool = False) -> float:
+    """peer's kernel time / t's within each round of one compare(), the median over the rounds (above 1: t is the
+    faster); worst=True gives the lowest round's ratio instead. Both must come from the same compare() call."""
+    if not t.rounds or len(t.rounds) != len(peer.rounds):
+        raise ValueError("paired_ratio takes two Timings of the same compare() call (their .rounds pair up); got "
+                         f"{len(t.rounds)} and {len(peer.rounds)} rounds")
+    ratios = [p / x for x, p in zip(t.rounds, peer.rounds)]
+    return min(ratios) if worst else statistics.median(ratios)
+
+
+SMI_QUERY = "clocks.sm,power.draw,temperature.gpu,power.limit,clocks.max.sm"
+
+
+def _smi_sample(dev: int):
+    """(SM MHz, watts, degrees C, power limit W, top SM MHz) of GPU `dev` from nvidia-smi, or None without it."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(dev), f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return tuple(float(x) for x in out.strip().split(","))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def sustained(fn, *, seconds: float = 3.0, batch_ms: float = 150.0) -> dict:
+    """fn() run back to back for `seconds`, as a long job runs it: ms per call over the second half, and the SM clock,
+    power draw and temperature that nvidia-smi reports meanwhile (medians over the second half; None where nvidia-smi
+    is missing), with the board's power limit and the GPU's top SM clock.
+
+    The calls go in batches of about batch_ms of GPU work; each sample is read while a batch is still queued, so the
+    GPU never idles for the query. The first half is the ramp from a cool GPU to its steady state and is not counted.
+    """
+    stream = cp.cuda.get_current_stream()
+    dev = current_device()
+    fn()
+    stream.synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    fn()
+    end.record(stream)
+    end.synchronize()
+    per_batch = int(min(max(batch_ms / max(_elapsed(start, end), 1e-3), 1), 10_000))
+    batches = []  # (elapsed ms, calls, sample)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        start.record(stream)
+        for _ in range(per_batch):
+            fn()
+        end.record(stream)
+        sample = _smi_sample(dev)  # while the batch runs
+        end.synchronize()
+        batches.append((_elapsed(start, end), per_batch, sample))
+    late = batches[len(batches) // 2:]
+    samples = [b[2] for b in late if b[2] is not None]
+    med = (lambda i: statistics.median(s[i] for s in samples)) if samples else (lambda i: None)  # noqa: E731
+    return {"ms": sum(b[0] for b in late) / sum(b[1] for b in late), "calls": sum(b[1] for b in batches),
+            "sm_mhz": med(0), "power_w": med(1), "temp_c": med(2), "power_limit_w": med(3), "sm_max_mhz": med(4)}
 
 
 def host_overhead_us(fn, *, calls: int = 200, repeats: int = 5, warmup: int = 1000) -> float:

@@ -62,3 +62,57 @@ def test_read_only_reads_every_word(gpu, n4):
     out = cp.zeros(grid, dtype=cp.uint32)
     kernels.get_kernel(timing.KERNEL_FILE, "read_only")((grid,), (256,), (src, np.int64(n4), out))
     assert int(np.bitwise_xor.reduce(out.get())) == int(np.bitwise_xor.reduce(words.ravel()))
+
+
+# ---- compare / paired_ratio: the bookkeeping on the CPU (benchmark replaced by a recorder), the bounds on the GPU ----
+
+def _fake_benchmark(order, times):
+    """A stand-in for timing.benchmark: records which callable ran, returns the next of its scripted kernel times."""
+    def bench(fn, **options):
+        name = fn()
+        order.append(name)
+        ms = times[name].pop(0)
+        return timing.Timing(ms=ms, min_ms=ms, max_ms=ms, call_ms=ms, call_min_ms=ms, call_max_ms=ms)
+    return bench
+
+
+def test_compare_turns_the_order_each_round_and_pairs_the_rounds(monkeypatch):
+    order = []
+    times = {"a": [1.0, 3.0, 2.0, 9.0], "b": [2.0, 3.0, 8.0, 4.0], "c": [5.0, 5.0, 5.0, 5.0]}
+    monkeypatch.setattr(timing, "benchmark", _fake_benchmark(order, times))
+    res = timing.compare({n: (lambda n=n: n) for n in "abc"}, rounds=4)
+    assert order == list("abc" "bca" "cab" "abc")  # each round starts one place further along
+    assert list(res) == ["a", "b", "c"]
+    assert res["a"].rounds == [1.0, 3.0, 2.0, 9.0] and res["b"].rounds == [2.0, 3.0, 8.0, 4.0]
+    assert res["a"].ms == 2.0 and res["b"].ms == 3.0  # the median round (the lower middle one of an even count)
+    # b's time / a's time within each round: 2, 1, 4, 4/9 -> median 1.5, worst 4/9
+    assert timing.paired_ratio(res["a"], res["b"]) == pytest.approx(1.5)
+    assert timing.paired_ratio(res["a"], res["b"], worst=True) == pytest.approx(4 / 9)
+    assert "rounds" not in res["a"].as_dict()
+
+
+def test_compare_and_paired_ratio_refuse_what_they_cannot_pair(monkeypatch):
+    monkeypatch.setattr(timing, "benchmark", _fake_benchmark([], {"a": [1.0], "b": [1.0, 2.0]}))
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        timing.compare({"a": lambda: "a"}, rounds=0)
+    with pytest.raises(ValueError, match="at least one callable"):
+        timing.compare({}, rounds=2)
+    one = timing.compare({"a": lambda: "a"}, rounds=1)["a"]
+    two = timing.compare({"b": lambda: "b"}, rounds=2)["b"]
+    with pytest.raises(ValueError, match="same compare"):
+        timing.paired_ratio(one, two)
+    plain = timing.Timing(ms=1.0, min_ms=1.0, max_ms=1.0, call_ms=1.0, call_min_ms=1.0, call_max_ms=1.0)
+    with pytest.raises(ValueError, match="same compare"):
+        timing.paired_ratio(plain, plain)
+
+
+def test_compare_and_sustained_on_the_gpu(gpu):
+    """Every round of a 100 us and a 300 us hold lasts at least the hold; sustained time is at least the hold too."""
+    res = timing.compare({"short": lambda: timing.hold_gpu(100_000), "long": lambda: timing.hold_gpu(300_000)},
+                         rounds=2, batch=3, batches=2, calls=2)
+    assert min(res["short"].rounds) >= 0.1 and min(res["long"].rounds) >= 0.3
+    assert res["short"].ms in res["short"].rounds
+    assert timing.paired_ratio(res["short"], res["long"], worst=True) <= timing.paired_ratio(res["short"], res["long"])
+    s = timing.sustained(lambda: timing.hold_gpu(1_000_000), seconds=0.5, batch_ms=50)
+    assert s["ms"] >= 1.0 and s["calls"] >= 2
+    assert set(s) == {"ms", "calls", "sm_mhz", "power_w", "temp_c", "power_limit_w", "sm_max_mhz"}
