@@ -162,6 +162,24 @@ def max_shared_memory_optin() -> int:
     return device_info().smem_optin
 
 
+def blocks_per_sm(kernel, threads: int, dynamic_smem: int = 0, dev: int | None = None) -> int | None:
+    """How many blocks of a compiled Kernel (`threads` threads, `dynamic_smem` bytes of dynamic shared memory each) an
+    SM holds at once, limited by registers, shared memory and threads, from the kernel's attributes; None where CuPy
+    does not report them. Registers go to a warp 256 at a time; the driver keeps 1 KB of shared memory per block, and
+    an SM has the per-block opt-in limit plus that 1 KB (228 KB on an H100)."""
+    try:
+        attrs = kernel.raw.attributes
+        regs, smem = int(attrs["num_regs"]), int(attrs["shared_size_bytes"]) + int(dynamic_smem)
+    except (AttributeError, KeyError, TypeError):  # pragma: no cover - a CuPy without these attributes
+        return None
+    warps = ceil_div(threads, 32)
+    regs_per_warp = ceil_div(max(regs, 1) * 32, 256) * 256
+    by_regs = 65536 // (regs_per_warp * warps)
+    by_smem = (device_info(dev).smem_optin + 1024) // (smem + 1024)
+    by_threads = 2048 // (warps * 32)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
 def check_compute_capability(min_cc: tuple[int, int], what: str, dev: int | None = None) -> None:
     """Raise UnsupportedDeviceError naming `what`, the device's capability and the minimum."""
     info = device_info(dev)

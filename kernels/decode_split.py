@@ -64,6 +64,7 @@ import numpy as np
 
 from ._core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device,
                     defines_from, device_info, get_kernel, launch_cache)
+from ._core import blocks_per_sm as resident_blocks
 from .decode_common import (PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, prepared_entry,
                             validate_decode)
 from .registry import DecodeVariant, register_decode
@@ -155,18 +156,8 @@ def blocks_per_sm(D: int, RB: int, dtype: str, dev: int) -> int:
     """How many split blocks of this build (RB = MMA_ROWS: the tensor-core kernel) fit on one SM (registers, static
     and dynamic shared memory), read from the compiled kernel once; DEFAULT_BLOCKS_PER_SM where the attributes
     cannot be read."""
-    try:
-        attrs = _kernels(D, RB, dtype)[0].raw.attributes
-        regs, smem = int(attrs["num_regs"]), int(attrs["shared_size_bytes"])
-    except (AttributeError, KeyError, TypeError):  # pragma: no cover - a CuPy without these attributes
-        return DEFAULT_BLOCKS_PER_SM
-    if RB == MMA_ROWS:
-        smem += mma_smem_bytes(D)
-    regs_per_warp = ceil_div(max(regs, 1) * 32, 256) * 256  # registers are allocated per warp, 256 at a time
-    by_regs = 65536 // (regs_per_warp * DECODE_WARPS)
-    by_smem = (device_info(dev).smem_optin + 1024) // (smem + 1024)  # the driver keeps 1 KB per block
-    by_threads = 2048 // (DECODE_WARPS * 32)
-    return max(1, min(by_regs, by_smem, by_threads, 32))
+    smem = mma_smem_bytes(D) if RB == MMA_ROWS else 0
+    return resident_blocks(_kernels(D, RB, dtype)[0], DECODE_WARPS * 32, smem, dev) or DEFAULT_BLOCKS_PER_SM
 
 
 def choose_num_splits(blocks: int, n_keys: int, slots: int, *, tile: int, max_splits: int = MAX_SPLITS,

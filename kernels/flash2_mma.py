@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, Launch, attention_launch, ceil_div,
-                    check_array, check_grid, cp, current_device, defines_from, device_info, dtype_set, get_kernel,
-                    launch_cache, validate_attention)
+from ._core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, Launch, attention_launch, blocks_per_sm,
+                    ceil_div, check_array, check_grid, cp, current_device, defines_from, device_info, dtype_set,
+                    get_kernel, launch_cache, validate_attention)
 from .registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
@@ -195,14 +195,16 @@ def _prepare(q, k, v, dev, causal, scale, tile, head_major):
 
 _LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H) -> what a launch of that problem needs
 
-# Under a causal mask, order the grid heads fastest while K and V of all heads take at most this many times the L2
-# (see grid_order). Measured on an H100 (50 MiB of L2; fp16, d=64 and 128, B*H up to 128, one run): heads fastest was
-# 10-33% faster with 16-128 MiB of K and V at T <= 4096 except T=4096 d=64 (128 MiB, 1%), about even at T=4096 d=128
-# (256 MiB) and 5-16% slower at T >= 8192 (256 MiB and up).
+# Under a causal mask, order the grid heads fastest while K and V of all heads take at most HEADS_FASTEST_MAX_KV_L2
+# times the L2 and the grid is at most HEADS_FASTEST_MAX_WAVES waves (see grid_order). Measured on an H100 (50 MiB of
+# L2; fp16, B*H up to 128; notebook 06, section 7, in paired rounds): heads fastest ran at 1.09-1.18x of head-major with
+# 24-128 MiB of K and V in 3 to 7.8 waves, at 0.96x at T = 4096, d = 64 (128 MiB, but 15.5 waves) and at 0.88x at
+# T = 16384 (512 MiB). The wave limit sits between 7.8 and 15.5.
 HEADS_FASTEST_MAX_KV_L2 = 3
+HEADS_FASTEST_MAX_WAVES = 12
 
 
-def grid_order(causal: bool, BH: int, Tk: int, d: int, itemsize: int, l2_bytes: int) -> bool:
+def grid_order(causal: bool, BH: int, Tk: int, d: int, itemsize: int, l2_bytes: int, waves: float) -> bool:
     """True for head-major (block x takes head x // n_qtiles), False for heads fastest (head x % BH).
 
     Head-major keeps the blocks that run side by side on a few heads, so each head's K and V are read from DRAM
@@ -210,20 +212,28 @@ def grid_order(causal: bool, BH: int, Tk: int, d: int, itemsize: int, l2_bytes: 
     query tile's work grows with its index, and the kernel starts each head's last (longest) tile first; head-major
     still leaves the short tiles of one head running beside the long tiles of the next, and the last wave uneven.
     Heads fastest starts the longest tile of every head first, then the next longest, and so on: the wave tail
-    is short, but the blocks that run together read the K and V of all heads. So it is chosen only under a causal
-    mask and only while K and V of all heads (2 BH Tk d itemsize bytes) stay within HEADS_FASTEST_MAX_KV_L2 times the
-    L2 size."""
+    is short, but the blocks that run together read the K and V of all heads. What it saves is part of one wave,
+    worth less the more waves the grid has (waves: blocks / the blocks the GPU holds at once); what it costs is L2
+    hits. So it is chosen only under a causal mask, while K and V of all heads (2 BH Tk d itemsize bytes) stay within
+    HEADS_FASTEST_MAX_KV_L2 times the L2 size, and while the grid is at most HEADS_FASTEST_MAX_WAVES waves."""
     kv_bytes = 2 * BH * Tk * d * itemsize
-    return not (causal and kv_bytes <= HEADS_FASTEST_MAX_KV_L2 * l2_bytes)
+    return not (causal and kv_bytes <= HEADS_FASTEST_MAX_KV_L2 * l2_bytes and waves <= HEADS_FASTEST_MAX_WAVES)
+
+
+def grid_waves(b: Build, blocks: int) -> float:
+    """How many rounds of blocks a grid of `blocks` blocks of this build takes on the current GPU: blocks / (SMs times
+    the blocks of the build an SM holds at once)."""
+    return blocks / (device_info().sm_count * (blocks_per_sm(b.kernel, b.threads, b.smem) or 1))
 
 
 def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
     """Grid, block, shared memory and the constant arguments of one problem, worked out once (the launch then
     costs a dictionary look-up instead of a dozen small computations)."""
-    kernel, _, smem, rows, threads = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
+    b = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
+    kernel, _, smem, rows, threads = b
     blocks = check_grid(BH * ceil_div(Tq, rows), WHAT, MAX_GRID_X)
-    order = grid_order(causal, BH, Tk, d, np.dtype(dtype).itemsize, device_info().l2_bytes) if head_major is None \
-        else head_major
+    order = grid_order(causal, BH, Tk, d, np.dtype(dtype).itemsize, device_info().l2_bytes, grid_waves(b, blocks)) \
+        if head_major is None else head_major
     tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[causal], I32[order])
     if len(_LAUNCHES) > 4096:
         _LAUNCHES.clear()

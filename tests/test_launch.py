@@ -79,17 +79,22 @@ def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
 
 
 def test_flash2_mma_grid_order_rule():
-    """flash2_mma.grid_order: head-major without a mask and for large K+V; heads fastest under a causal mask while
-    K and V of all heads fit in HEADS_FASTEST_MAX_KV_L2 times the L2 (the boundary included)."""
+    """flash2_mma.grid_order: head-major without a mask, for large K+V and for grids of many waves; heads fastest under a
+    causal mask while K and V of all heads fit in HEADS_FASTEST_MAX_KV_L2 times the L2 and the grid is at most
+    HEADS_FASTEST_MAX_WAVES waves (both boundaries included)."""
     from kernels import flash2_mma as M
 
     l2 = 50 * 2**20
-    assert M.grid_order(False, 96, 1024, 64, 2, l2)  # no mask: head-major whatever the size
-    assert not M.grid_order(True, 96, 1024, 64, 2, l2)  # llm.c's shape, 24 MiB of K and V: heads fastest
-    assert M.grid_order(True, 128, 8192, 64, 2, l2)  # 256 MiB: head-major
+    assert M.grid_order(False, 96, 1024, 64, 2, l2, 2.9)  # no mask: head-major whatever the size
+    assert not M.grid_order(True, 96, 1024, 64, 2, l2, 2.9)  # llm.c's shape, 24 MiB of K and V: heads fastest
+    assert not M.grid_order(True, 128, 2048, 128, 2, l2, 7.75)  # 128 MiB in 7.75 waves: heads fastest
+    assert M.grid_order(True, 128, 4096, 64, 2, l2, 15.5)  # 128 MiB again, but 15.5 waves: head-major
+    assert M.grid_order(True, 128, 8192, 64, 2, l2, 3.0)  # 256 MiB: head-major
     tk = M.HEADS_FASTEST_MAX_KV_L2 * l2 // (2 * 64 * 2)  # one head, d=64, 16-bit: K+V exactly at the limit
-    assert not M.grid_order(True, 1, tk, 64, 2, l2)
-    assert M.grid_order(True, 1, tk + 1, 64, 2, l2)
+    assert not M.grid_order(True, 1, tk, 64, 2, l2, 1.0)
+    assert M.grid_order(True, 1, tk + 1, 64, 2, l2, 1.0)
+    assert not M.grid_order(True, 1, 1024, 64, 2, l2, M.HEADS_FASTEST_MAX_WAVES)
+    assert M.grid_order(True, 1, 1024, 64, 2, l2, M.HEADS_FASTEST_MAX_WAVES + 0.01)
 
 
 def test_flash2_mma_loop_rule():
@@ -176,3 +181,21 @@ def test_prepared_calls_still_check_every_call(gpu, name):
     else:
         with pytest.raises(ValueError, match=r"q starts at address .* not 16-byte aligned"):
             var.forward(shifted, k, v)
+
+
+def test_blocks_per_sm_is_the_most_that_fit(gpu):
+    """_core.blocks_per_sm of flash2_mma's default builds: that many blocks fit an SM's registers, shared memory and
+    threads, one more does not (or 32 is reached); grid_waves of exactly that many blocks per SM is one wave."""
+    import kernels
+    from kernels import _core, flash2_mma as M
+
+    info = kernels.device_info()
+    for D in (64, 128):
+        b = M.build(D, None, "float16")
+        n = _core.blocks_per_sm(b.kernel, b.threads, b.smem)
+        attrs = b.kernel.raw.attributes
+        regs = _core.ceil_div(attrs["num_regs"] * 32, 256) * 256 * (b.threads // 32)  # per block
+        smem = attrs["shared_size_bytes"] + b.smem + 1024
+        fits = lambda m: m * regs <= 65536 and m * smem <= info.smem_optin + 1024 and m * b.threads <= 2048  # noqa
+        assert 1 <= n <= 32 and fits(n) and (n == 32 or not fits(n + 1))
+        assert M.grid_waves(b, info.sm_count * n) == 1.0
