@@ -12,11 +12,14 @@ timed: the last 128 query rows of the first and the last head (with bottom-right
 are an attention problem of their own, so the reference needs only 128 x T scores per head). Every row, ours
 and peers, carries:
 
-  ms, ms_min, ms_max   kernel time per call (kernels.timing.benchmark: GPU time of back-to-back calls)
+  ms, ms_min, ms_max   kernel time per call (kernels.timing.benchmark: GPU time of back-to-back calls); the kernels
+                       of one configuration are timed side by side in ROUNDS rounds (kernels.compare) and each row
+                       is its median round, with `rounds` the kernel ms of every round
   call_ms              call time: one Python call on an idle GPU, host overhead included
   cold_ms              kernel time with a cold L2, where q, k, v fit in the L2 cache (else absent)
   tflops, gbps         from the kernel time (GB/s of the compulsory bytes: q, k, v read once, o written once)
-  ratio_<peer>         peer kernel time / our kernel time, in the same run (above 1: faster than that peer)
+  ratio_<peer>         peer kernel time / our kernel time within a round, the median over the rounds (above 1:
+                       faster than that peer)
 
 plus, once per run, the copy and read bandwidth of the GPU, and the host overhead of one launcher call on a
 tiny input for every variant and for SDPA (`overhead`). Results go to results/bench.json as numbers;
@@ -41,8 +44,8 @@ import numpy as np
 
 from . import REGISTRY, check, format_table, gpu_name, gpu_unavailable_reason
 from ._core import cp
-from .timing import (attention_bytes, attention_flops, benchmark, copy_bandwidth_gbps, fits_in_l2, host_overhead_us,
-                     read_bandwidth_gbps)
+from .timing import (attention_bytes, attention_flops, benchmark, compare, copy_bandwidth_gbps, fits_in_l2,
+                     host_overhead_us, read_bandwidth_gbps)
 
 ROOT = Path(__file__).resolve().parents[1]
 LLMC_SHAPE = dict(B=8, H=12, T=1024, d=64)
@@ -137,58 +140,64 @@ def _row(suite, name, kind, dtype, shape, causal, t=None, res=None, note=""):
                    gbps=t.gbps(attention_bytes(B, H, T, T, d, itemsize)))
         if t.flushed_ms is not None:
             row["cold_ms"] = t.flushed_ms
+        if t.rounds:
+            row["rounds"] = list(t.rounds)  # kernel ms of each round of the configuration's compare()
     return row
 
 
-def _time(fn, shape, dtype):
-    B, H, T, d = shape
-    return benchmark(fn, flush_l2=fits_in_l2(3 * B * H * T * d * np.dtype(dtype).itemsize))
+ROUNDS = 3  # rounds of kernels.compare per configuration: every kernel of it timed once per round, side by side
 
 
 def _add_ratios(rows):
-    """ratio_best_peer (peer ms / our ms, > 1 is faster than every peer) and ratio_<peer> per configuration,
-    all from kernel times of the same run."""
+    """ratio_best_peer (> 1 is faster than every peer) and ratio_<peer> per configuration: the peer's kernel time over
+    ours within each round of the configuration's compare(), the median over the rounds (kernels.paired_ratio)."""
     key = lambda r: (r["suite"], r["dtype"], r["B"], r["H"], r["T"], r["d"], r["causal"])  # noqa: E731
     for _, group in itertools.groupby(sorted(rows, key=key), key=key):
         group = list(group)
-        peers = {r["name"]: r["ms"] for r in group if r["kind"] == "peer" and "ms" in r}
+        peers = {r["name"]: r for r in group if r["kind"] == "peer" and "ms" in r}
         if not peers:
             continue
-        best = min(peers, key=peers.get)
+        best = min(peers, key=lambda p: peers[p]["ms"])
         for r in group:
             if "ms" in r:
+                ratios = {p: float(np.median(np.divide(pr["rounds"], r["rounds"]))) for p, pr in peers.items()}
                 r["best_peer"] = best
-                r["ratio_best_peer"] = peers[best] / r["ms"]
-                for p, ms in peers.items():
-                    r[f"ratio_{p}"] = ms / r["ms"]
+                r["ratio_best_peer"] = ratios[best]
+                for p, x in ratios.items():
+                    r[f"ratio_{p}"] = x
     return rows
 
 
-def _time_peers(rows, suite, dtype, shape, causal, q, k, v, peers, log):
+def _time_config(rows, suite, dtype, shape, causal, q, k, v, peers, names, log):
+    """One configuration: each peer and each of our variants `names` (checked against the reference first), all timed
+    side by side in ROUNDS rounds (kernels.compare), so that their ratios come from the same rounds."""
+    B, H, T, d = shape
+    fns, kinds, checks = {}, {}, {}
     for p in peers:
         fn, why = sdpa_peer(p, q, k, v, causal)
         if fn is None:
             rows.append(_row(suite, p, "peer", dtype, shape, causal, note=f"not run: {why}"))
             log(f"  {p:16s} not run: {why}")
             continue
-        t = _time(fn, shape, dtype)
-        rows.append(_row(suite, p, "peer", dtype, shape, causal, t))
-        log(f"  {p:16s} kernel {t.ms:8.3f} ms  call {t.call_ms:8.3f} ms")
-
-
-def _time_ours(rows, suite, name, dtype, shape, causal, q, k, v, log):
-    var = REGISTRY[name]
-    try:
-        o = var.forward(q, k, v, causal=causal)
-    except ValueError as e:  # e.g. cuBLAS attention's score matrix does not fit in memory
-        rows.append(_row(suite, name, "ours", dtype, shape, causal, note=f"not run: {e}"[:160]))
-        log(f"  {name:16s} not run: {str(e)[:100]}")
+        fns[p], kinds[p] = fn, "peer"
+    for name in names:
+        var = REGISTRY[name]
+        try:
+            o = var.forward(q, k, v, causal=causal)
+        except ValueError as e:  # e.g. cuBLAS attention's score matrix does not fit in memory
+            rows.append(_row(suite, name, "ours", dtype, shape, causal, note=f"not run: {e}"[:160]))
+            log(f"  {name:16s} not run: {str(e)[:100]}")
+            continue
+        checks[name] = check_last_rows(o, q, k, v, causal, var.tolerance_class(dtype))
+        del o
+        fns[name], kinds[name] = (lambda var=var: var.forward(q, k, v, causal=causal)), "ours"
+    if not fns:
         return
-    res = check_last_rows(o, q, k, v, causal, var.tolerance_class(dtype))
-    del o
-    t = _time(lambda: var.forward(q, k, v, causal=causal), shape, dtype)
-    rows.append(_row(suite, name, "ours", dtype, shape, causal, t, res))
-    log(f"  {name:16s} kernel {t.ms:8.3f} ms  call {t.call_ms:8.3f} ms  {res}")
+    flush = fits_in_l2(3 * B * H * T * d * np.dtype(dtype).itemsize)
+    timings = compare(fns, rounds=ROUNDS, flush_l2=flush)
+    for name, t in timings.items():
+        rows.append(_row(suite, name, kinds[name], dtype, shape, causal, t, checks.get(name)))
+        log(f"  {name:16s} kernel {t.ms:8.3f} ms  call {t.call_ms:8.3f} ms  {checks.get(name, '')}")
 
 
 def run_llmc(dtypes=LLMC_DTYPES, variants=None, log=print) -> list[dict]:
@@ -199,11 +208,8 @@ def run_llmc(dtypes=LLMC_DTYPES, variants=None, log=print) -> list[dict]:
     for dtype in dtypes:
         log(f"llm.c shape B={B} H={H} T={T} d={d} causal, {dtype}")
         q, k, v = _inputs(B, H, T, d, dtype, seed=2)
-        _time_peers(rows, "llmc", dtype, shape, True, q, k, v, SDPA_BACKENDS, log)
-        for name in variants or sorted(REGISTRY):
-            var = REGISTRY[name]
-            if dtype in var.dtypes and var.accepts_d(d):
-                _time_ours(rows, "llmc", name, dtype, shape, True, q, k, v, log)
+        names = [n for n in variants or sorted(REGISTRY) if dtype in REGISTRY[n].dtypes and REGISTRY[n].accepts_d(d)]
+        _time_config(rows, "llmc", dtype, shape, True, q, k, v, SDPA_BACKENDS, names, log)
     return _add_ratios(rows)
 
 
@@ -217,10 +223,8 @@ def run_long(T_values=LONG["T"], d_values=LONG["d"], causal_values=LONG["causal"
         shape = (B, H, T, d)
         log(f"B={B} H={H} T={T} d={d} {'causal' if causal else 'full'}, {dtype}")
         q, k, v = _inputs(B, H, T, d, dtype, seed=3)
-        _time_peers(rows, "long", dtype, shape, causal, q, k, v, peers, log)
-        for name in names:
-            if REGISTRY[name].accepts_d(d):
-                _time_ours(rows, "long", name, dtype, shape, causal, q, k, v, log)
+        _time_config(rows, "long", dtype, shape, causal, q, k, v, peers, [n for n in names if REGISTRY[n].accepts_d(d)],
+                     log)
         del q, k, v
         cp.get_default_memory_pool().free_all_blocks()
     return _add_ratios(rows)
@@ -345,9 +349,12 @@ def run(suites=("llmc", "long"), quick=False, variants=None, out_path: Path | No
     log("bandwidth: 1 GiB device-to-device copy, and a 1 GiB read-only kernel")
     result = {"gpu": gpu_name(), "llmc_shape": LLMC_SHAPE, "long": {k: LONG[k] for k in ("B", "H", "dtype")},
               "copy_gbps": copy_bandwidth_gbps(), "read_gbps": read_bandwidth_gbps(), "check_rows": CHECK_ROWS,
+              "rounds": ROUNDS,
               "timing": "kernel time: median of 5 batches of back-to-back calls queued behind a hold kernel, warm L2; "
                         "call time: median of 10 single calls between events on an idle GPU; cold_ms: single calls "
-                        "after an L2 flush, where q, k, v fit in L2",
+                        "after an L2 flush, where q, k, v fit in L2; each configuration's kernels timed side by side in "
+                        f"{ROUNDS} rounds (kernels.compare), each row the median round, ratio_<peer> the median over "
+                        "the rounds of the ratio within a round",
               "rows": []}
     log("launcher host overhead, tiny input")
     result["overhead"] = launcher_overhead(variants, log=log)
@@ -472,8 +479,11 @@ def markdown_tables(result: dict) -> str:
              f"{result['copy_gbps']:.0f} GB/s, read bandwidth {result['read_gbps']:.0f} GB/s). **Kernel time** is the GPU "
              "time per call with calls queued back to back (warm L2); **call time** is one Python call on an idle GPU, "
              "host overhead included; **cold-L2** is the kernel time after an L2 flush, where q, k, v fit in L2. "
-             "Ratios are peer kernel time / our kernel time: above 1 is faster. Correctness is checked on the last "
-             f"{result['check_rows']} query rows of two heads of the timed outputs.",
+             + (f"The kernels of each configuration, ours and the peers, are timed side by side in {result['rounds']} "
+                "rounds; each row is its median round, and a ratio is the median over the rounds of peer kernel time / "
+                "our kernel time within a round: above 1 is faster. " if result.get("rounds") else
+                "Ratios are peer kernel time / our kernel time: above 1 is faster. ")
+             + f"Correctness is checked on the last {result['check_rows']} query rows of two heads of the timed outputs.",
              "", f"**llm.c's shape** (B={s['B']}, H={s['H']}, T={s['T']}, d={s['d']}, causal):", ""]
     lines += _markdown(llmc_table(result))
     L = result["long"]
