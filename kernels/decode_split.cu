@@ -99,13 +99,16 @@
 //     B = 16, Hkv = 8, L = 4096, S = 1 (90.8 us): 3.7 + 82.6 + 2.3 us, and the last block ends 2 us after the median.
 //   The streaming itself runs at the memory's speed (64 MiB in 19.6 us is faster than DRAM alone: part of the cache
 //   is still in L2 from the previous launch). So what is left at batch 1 is the fixed cost at both ends: the first
-//   tile waits for the sequence length (its range depends on it) and then for a burst that every block issues at
-//   once, and the merge is a chain of dependent trips to L2. Loading the lse and o partials in one round (and an
-//   acquire-release arrival in place of atomic + fence) took the batch-1, 4096-key step from 31.3 to 30.9 us (A/B,
-//   5 rounds, same run) and left the merge at 3.0 us: what remains is the writers' fence before their arrival and
-//   the atomic itself. Next: merge the S blocks of a group through distributed shared memory as one thread-block
-//   cluster (sm_90), which needs no trip to L2; and issue split 0's first copies before its length arrives (its
-//   range always starts at key 0).
+//   tile lands 3-4 us after a block starts, and the merge is a chain of dependent trips to L2. The first wait is not
+//   the sequence length: a version that copied each warp's first tile before the length arrived (the range taken
+//   from the capacity, checked once the length was known, copied again when wrong) sent its copies out about 1.1 us
+//   after a block's start instead of 2.3, yet its tiles landed no sooner (medians 3.8-3.9 us against 3.4-4.1 on the
+//   first three shapes of kernels.bench_decode; outputs bit-equal, times within 0.5% on all five), and paged caches
+//   were 2-4% slower for the extra page look-up: what a block waits for is the burst of every block's first copies. Loading the lse and o partials in one round (and an acquire-release arrival in place of
+//   atomic + fence) took the batch-1, 4096-key step from 31.3 to 30.9 us (A/B, 5 rounds, same run) and left the
+//   merge at 3.0 us: what remains is the writers' fence before their arrival and the atomic itself. Next: merge the
+//   S blocks of a group through distributed shared memory as one thread-block cluster (sm_90), which needs no trip
+//   to L2.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
