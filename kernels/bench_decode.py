@@ -13,12 +13,14 @@ For each shape and each of our kernels (decode_ft in the plain and in FasterTran
 CUDA-core kernel and its tensor-core kernel decode_split_mma, each on a contiguous and on a paged cache) and each SDPA backend (flash, cuDNN, efficient; F.scaled_dot_product_attention(q, k,
 v, enable_gqa=True) where Hq != Hkv; a backend that refuses is recorded as "not run: <its reason>"):
 
-    kernel us        GPU time per call (kernels.timing.benchmark: calls queued back to back behind a hold kernel)
+    kernel us        GPU time per call (kernels.timing.benchmark: calls queued back to back behind a hold kernel); all
+                     the kernels of a shape are timed side by side in ROUNDS rounds (kernels.compare) and each row
+                     is its median round (`rounds_us`: every round)
     call us          one Python call on an idle GPU, host overhead included
     cold-L2 us       kernel time after an L2 flush, where the cache fits in L2 (none of the shapes above does)
     GB/s             KV-cache bytes (2 * B * Hkv * L * d * 2) per second of kernel time
     % of read bw     that, as a fraction of kernels.timing.read_bandwidth_gbps() measured in the same run
-    vs flash, vs cuDNN   SDPA's kernel time / ours (above 1: ours is faster)
+    vs flash, vs cuDNN   SDPA's kernel time / ours within a round, the median over the rounds (above 1: ours is faster)
     correct          our output for the first and the last sequence (every head) against reference.decode_attention
 
 and one more row per shape, "pure read (same bytes)": kernels.timing.read_call, a kernel that only reads as many bytes as
@@ -29,7 +31,7 @@ microseconds whatever the size, so where the cache is read in tens of microsecon
 And, on a tiny cache, each launcher's call time and its host overhead (kernels.timing.host_overhead_us; the best
 of three interleaved rounds; the target is a call time below 20 us). Results go to results/decode.json, numbers as numbers.
 
-    python3 -m kernels.bench_decode                    # everything (about a minute on an H100)
+    python3 -m kernels.bench_decode                    # everything (a few minutes on an H100)
     python3 -m kernels.bench_decode --shapes 0 2       # some of the shapes
 """
 
@@ -46,7 +48,7 @@ import numpy as np
 from . import benchmark, check, format_table, gpu_name, gpu_unavailable_reason
 from ._core import cp
 from .bench import OVERHEAD_ROUNDS
-from .timing import fits_in_l2, host_overhead_us, read_bandwidth_gbps, read_call
+from .timing import compare, fits_in_l2, host_overhead_us, paired_ratio, read_bandwidth_gbps, read_call
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [dict(B=1, Hq=32, Hkv=32, L=4096), dict(B=1, Hq=32, Hkv=8, L=32768), dict(B=16, Hq=32, Hkv=8, L=4096),
@@ -59,6 +61,7 @@ SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION
 CALL_TARGET_US = 20.0
 HOST_SHAPE = dict(B=1, Hq=8, Hkv=8, L=64)  # tiny: the call time is the launcher's own cost
 READ_ROW = "pure read (same bytes)"  # the ceiling row of each shape (kernels.timing.read_call)
+ROUNDS = 3  # rounds of kernels.compare per shape: every kernel of the shape timed once per round, side by side
 
 
 def kv_bytes(B: int, Hkv: int, L: int, d: int = D, itemsize: int = 2) -> int:
@@ -167,31 +170,29 @@ def measure(x: dict, *, peers: bool = True, correctness: bool = True, read_gbps:
         rows.append(r)
         return r
 
+    # Every kernel of this shape, ours, the peers and the pure read, timed side by side in ROUNDS rounds (kernels.compare),
+    # so that the ratios come from the same rounds. The pure read is the ceiling at this size: launching, ramping up and
+    # draining cost it time too, so on a small cache it stays below read_gbps.
+    entries = []  # (name, kind, callable or None, correct, note), in table order
     for name, fn in our_kernels(x).items():
-        correct = check_rows(fn(), x) if correctness else ""
-        t = benchmark(fn, flush_l2=flush)
-        r = row(name, "ours", t, correct)
-        log(f"  {name:38s} {r['kernel_us']:9.1f} us  call {r['call_us']:7.1f} us  {r['gbps']:6.0f} GB/s  {correct}")
+        entries.append((name, "ours", fn, check_rows(fn(), x) if correctness else "", ""))
     if peers:
         for name, (fn, why) in sdpa_peers(x).items():
-            if fn is None:
-                row(name, "peer", None, note=f"not run: {why}")
-                log(f"  {name:38s} not run: {why}")
-                continue
-            t = benchmark(fn, flush_l2=flush)
-            r = row(name, "peer", t)
-            log(f"  {name:38s} {r['kernel_us']:9.1f} us  call {r['call_us']:7.1f} us  {r['gbps']:6.0f} GB/s")
-    # The ceiling at this size: a kernel that only reads the same number of bytes, timed the same way. Launching,
-    # ramping up and draining cost it time too, so on a small cache it stays below read_gbps.
+            entries.append((name, "peer", fn, "", "" if fn is not None else f"not run: {why}"))
     read = read_call(nbytes)
-    r = row(READ_ROW, "ceiling", benchmark(read, flush_l2=flush))
-    log(f"  {READ_ROW:38s} {r['kernel_us']:9.1f} us  call {r['call_us']:7.1f} us  {r['gbps']:6.0f} GB/s")
+    entries.append((READ_ROW, "ceiling", read, "", ""))
+    timings = compare({name: fn for name, _, fn, _, _ in entries if fn is not None}, rounds=ROUNDS, flush_l2=flush)
     del read
-    timed = {r["name"]: r["kernel_us"] for r in rows if r["kind"] == "peer" and "kernel_us" in r}
-    for r in rows:
-        if "kernel_us" in r:
-            for p in ("sdpa_flash", "sdpa_cudnn"):
-                r[f"ratio_{p}"] = timed[p] / r["kernel_us"] if p in timed else None
+    for name, kind, fn, correct, note in entries:
+        if fn is None:
+            row(name, kind, None, note=note)
+            log(f"  {name:38s} {note}")
+            continue
+        r = row(name, kind, timings[name], correct)
+        r["rounds_us"] = [ms * 1e3 for ms in timings[name].rounds]
+        for p in ("sdpa_flash", "sdpa_cudnn"):
+            r[f"ratio_{p}"] = paired_ratio(timings[name], timings[p]) if p in timings else None
+        log(f"  {name:38s} {r['kernel_us']:9.1f} us  call {r['call_us']:7.1f} us  {r['gbps']:6.0f} GB/s  {correct}")
     return rows
 
 
