@@ -29,8 +29,9 @@ while the GPU holds, the batch includes host time, and Timing.host_bound says so
 
 Ratios between kernels. A GPU's clock is not constant: it starts a run cool, at its top clock, and a long run of
 tensor-core work reaches the board's power limit (700 W on an H100 SXM), where the clock falls to whatever keeps the
-power there (1.45-1.8 GHz in notebook 06's measurement, against 1.98 GHz). A kernel timed at the start of a run and
-its peer timed a minute later can differ by 10% for that reason alone. compare() times the kernels of one
+power there (1.4-1.75 GHz in notebook 06's measurement, against 1.98 GHz). On an H100 the same kernel, timed four
+times in one run, took up to 9% longer in its later rounds than in its first: a kernel timed at the start of a run and
+its peer timed a minute later differ by that much for no reason of their own. compare() times the kernels of one
 comparison in rounds (each round times every kernel once, the order turned by one place per round, so none always
 runs first or always right after the same neighbour), and paired_ratio() takes the median, over the rounds, of the
 two kernels' ratio within a round. sustained() answers the other question, what a long job sees: the time per call
@@ -244,12 +245,13 @@ def paired_ratio(t: Timing, peer: Timing, *, worst: bool = False) -> float:
 SMI_QUERY = "clocks.sm,power.draw,temperature.gpu,power.limit,clocks.max.sm"
 
 
-def _smi_sample(dev: int):
-    """(SM MHz, watts, degrees C, power limit W, top SM MHz) of GPU `dev` from nvidia-smi, or None without it."""
+def _smi_sample(bus_id: str):
+    """(SM MHz, watts, degrees C, power limit W, top SM MHz) of the GPU at PCI bus `bus_id` from nvidia-smi, or None
+    without it. (The bus id names the same GPU for CUDA and nvidia-smi, whose index orders can differ.)"""
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "-i", str(dev), f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "-i", bus_id, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
         return tuple(float(x) for x in out.strip().split(","))
     except (OSError, ValueError, subprocess.SubprocessError):
@@ -265,7 +267,7 @@ def sustained(fn, *, seconds: float = 3.0, batch_ms: float = 150.0) -> dict:
     GPU never idles for the query. The first half is the ramp from a cool GPU to its steady state and is not counted.
     """
     stream = cp.cuda.get_current_stream()
-    dev = current_device()
+    bus_id = cp.cuda.Device(current_device()).pci_bus_id
     fn()
     stream.synchronize()
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -281,7 +283,7 @@ def sustained(fn, *, seconds: float = 3.0, batch_ms: float = 150.0) -> dict:
         for _ in range(per_batch):
             fn()
         end.record(stream)
-        sample = _smi_sample(dev)  # while the batch runs
+        sample = _smi_sample(bus_id)  # while the batch runs
         end.synchronize()
         batches.append((_elapsed(start, end), per_batch, sample))
     late = batches[len(batches) // 2:]
