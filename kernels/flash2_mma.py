@@ -197,9 +197,9 @@ _LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H)
 
 # Under a causal mask, order the grid heads fastest while K and V of all heads take at most HEADS_FASTEST_MAX_KV_L2
 # times the L2 and the grid is at most HEADS_FASTEST_MAX_WAVES waves (see grid_order). Measured on an H100 (50 MiB of
-# L2; fp16, B*H up to 128; notebook 06, section 7, in paired rounds): heads fastest ran at 1.09-1.18x of head-major with
-# 24-128 MiB of K and V in 3 to 7.8 waves, at 0.96x at T = 4096, d = 64 (128 MiB, but 15.5 waves) and at 0.88x at
-# T = 16384 (512 MiB). The wave limit sits between 7.8 and 15.5.
+# L2; fp16, B*H up to 128; notebook 06, section 7, in paired rounds, two runs): heads fastest ran at 1.08-1.19x of
+# head-major with 24-128 MiB of K and V in 3 to 7.8 waves, at 0.96x and 0.99x at T = 4096, d = 64 (128 MiB, but 15.5
+# waves) and at 0.88x at T = 16384 (512 MiB). The wave limit sits between 7.8 and 15.5.
 HEADS_FASTEST_MAX_KV_L2 = 3
 HEADS_FASTEST_MAX_WAVES = 12
 
