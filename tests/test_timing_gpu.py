@@ -112,7 +112,10 @@ def test_compare_and_sustained_on_the_gpu(gpu):
                          rounds=2, batch=3, batches=2, calls=2)
     assert min(res["short"].rounds) >= 0.1 and min(res["long"].rounds) >= 0.3
     assert res["short"].ms in res["short"].rounds
-    assert timing.paired_ratio(res["short"], res["long"], worst=True) <= timing.paired_ratio(res["short"], res["long"])
+    # the ratios pair round r of one with round r of the other (the order compare() recorded them in)
+    pairs = [b / a for a, b in zip(res["short"].rounds, res["long"].rounds)]
+    assert timing.paired_ratio(res["short"], res["long"]) == pytest.approx(float(np.median(pairs)))
+    assert timing.paired_ratio(res["short"], res["long"], worst=True) == pytest.approx(min(pairs))
     s = timing.sustained(lambda: timing.hold_gpu(1_000_000), seconds=0.5, batch_ms=50)
     assert s["ms"] >= 1.0 and s["calls"] >= 2
     assert set(s) == {"ms", "calls", "sm_mhz", "power_w", "temp_c", "power_limit_w", "sm_max_mhz"}
