@@ -507,40 +507,69 @@ DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache,
 // ---------------------------------------------------------------------------------------------------------
 // The end of decode_split_mma: merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write (the
 // same merge as the end of decode_split_kv, written out there so that the kernel reads top to bottom).
-// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o. The caller has
-// synchronised the block after writing them. Thread x handles column x % D of row x / D (and so on, NTHREADS apart).
+// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o, column e of row
+// r stored at acc_column(r, e) (see there). The caller has synchronised the block after writing them, rows past R
+// left out. Two steps: (1) thread r works out row r's weights (one per warp), sum and lse once and leaves them in
+// s_m and s_l; (2) thread x merges 4 columns of a row (float4 reads, one 8- or 16-byte store), NTHREADS items apart.
 // num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32 partial o and lse.
 // ---------------------------------------------------------------------------------------------------------
+// Where column e of row r of a warp's o sits in s_acc: e with bits 3 and 4 flipped by r % 4. The mma leaves
+// columns 8 n + 2t, + 1 of rows g and g + 8 in lane 4g + t; stored as float2 at the plain column, the eight rows g
+// of one store fall on one bank (a row is D floats, a multiple of 32 banks): an 8-way conflict. Flipped, rows
+// g = 0..3 take four different 8-column groups, so a warp's 32 float2 fill the 32 banks twice: 2 wavefronts, the
+// least 256 bytes can take. The swap stays inside aligned groups of 4 and of 32 columns, so float4 reads along a
+// row stay whole and conflict-free.
+DEVICE int acc_column(int r, int e) { return e ^ ((r & 3) << 3); }
+
 template <int D, int RB, int NWARPS, bool BF16>
-DEVICE void store_block_result(const float* s_m, const float* s_l, const float* s_acc, int rc, int R, int G, int Tq,
-                               int b, int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
+DEVICE void store_block_result(float* s_m, float* s_l, const float* s_acc, int rc, int R, int G, int Tq, int b,
+                               int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
                                float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part) {
+    static_assert(RB <= NWARPS * WARP_SIZE && NWARPS >= 2, "one thread per row; s_l rows 0 and 1 hold sum and lse");
     const bool direct = o_part == nullptr;
-    for (int idx = threadIdx.x; idx < RB * D; idx += NWARPS * WARP_SIZE) {
-        const int r = idx / D, e = idx % D;
-        const int gr = rc * RB + r;
-        if (gr >= R) break;  // rows come in order: this thread's later indices are past R too
+    const int nr = min(RB, R - rc * RB);  // rows of this chunk
+    if (threadIdx.x < nr) {  // (1) row r: the warps' weights a_w = 2^(m_w - max) over s_m, then sum and lse over s_l
+        const int r = threadIdx.x;
         float mx = NEG_INF;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, s_m[w * RB + r]);
         const float base = mx == NEG_INF ? 0.f : mx;
-        float lsum = 0.f, val = 0.f;
+        float lsum = 0.f;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) {
             const float a = exp2_approx(s_m[w * RB + r] - base);
             lsum = fmaf(a, s_l[w * RB + r], lsum);
-            val = fmaf(a, s_acc[(w * RB + r) * D + e], val);
+            s_m[w * RB + r] = a;
         }
-        const float out = lsum > 0.f ? val / lsum : 0.f;
-        const float row_lse = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
+        s_l[r] = lsum;
+        s_l[RB + r] = lsum > 0.f ? (mx + __log2f(lsum)) * LN2 : NEG_INF;
+    }
+    __syncthreads();
+    constexpr int C4 = D / 4;
+    for (int idx = threadIdx.x; idx < nr * C4; idx += NWARPS * WARP_SIZE) {  // (2) 4 columns of row r
+        const int r = idx / C4, e = 4 * (idx % C4);
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < NWARPS; ++w) {
+            const float a = s_m[w * RB + r];
+            const float4 x = *reinterpret_cast<const float4*>(s_acc + (w * RB + r) * D + acc_column(r, e));
+            v[0] = fmaf(a, x.x, v[0]), v[1] = fmaf(a, x.y, v[1]), v[2] = fmaf(a, x.z, v[2]), v[3] = fmaf(a, x.w, v[3]);
+        }
+        const float lsum = s_l[r];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = lsum > 0.f ? v[i] / lsum : 0.f;
+        const int gr = rc * RB + r;
         const long long qrow = ((long long)b * Hq + hk * G + gr / Tq) * Tq + gr % Tq;  // row of (B, Hq, Tq)
         if (direct) {
-            o[qrow * D + e] = from_float<BF16>(out);
-            if (lse != nullptr && e == 0) lse[qrow] = row_lse;
+            uint2 packed;  // four 16-bit values, one 8-byte store
+            packed.x = static_cast<u32>(from_float<BF16>(v[0])) | static_cast<u32>(from_float<BF16>(v[1])) << 16;
+            packed.y = static_cast<u32>(from_float<BF16>(v[2])) | static_cast<u32>(from_float<BF16>(v[3])) << 16;
+            *reinterpret_cast<uint2*>(o + qrow * D + e) = packed;
+            if (lse != nullptr && e == 0) lse[qrow] = s_l[RB + r];
         } else {
             const long long prow = qrow * num_splits + split;  // row of (B, Hq, Tq, S)
-            o_part[prow * D + e] = out;
-            if (e == 0) lse_part[prow] = row_lse;
+            *reinterpret_cast<float4*>(o_part + prow * D + e) = make_float4(v[0], v[1], v[2], v[3]);
+            if (e == 0) lse_part[prow] = s_l[RB + r];
         }
     }
 }
@@ -787,14 +816,18 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
     }
     __syncthreads();  // every warp has left its tiles
-    float* s_acc = reinterpret_cast<float*>(smem);  // [NWARPS][MMA_ROWS][D]
+    float* s_acc = reinterpret_cast<float*>(smem);  // [NWARPS][MMA_ROWS][D], columns as acc_column places them
+    const int nr = min(MMA_ROWS, R - rc * MMA_ROWS);  // rows of this chunk that exist (the rest are dropped)
 #pragma unroll
-    for (int n2 = 0; n2 < NT_O; ++n2)
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        if (row >= nr) continue;
+        float* dst = s_acc + (warp * MMA_ROWS + row) * D;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = g + 8 * (e >> 1), col = n2 * 8 + 2 * t + (e & 1);
-            s_acc[(warp * MMA_ROWS + row) * D + col] = acc[n2][e];
-        }
+        for (int n2 = 0; n2 < NT_O; ++n2)
+            *reinterpret_cast<float2*>(dst + acc_column(row, n2 * 8 + 2 * t)) =
+                make_float2(acc[n2][2 * h], acc[n2][2 * h + 1]);
+    }
     if (t == 0) {
         s_m[warp][g] = m[0], s_m[warp][g + 8] = m[1];
         s_l[warp][g] = l[0], s_l[warp][g + 8] = l[1];
@@ -806,11 +839,16 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
 
     // ---- the last of the S blocks of this (sequence, KV head, row chunk) to finish merges their partials ---------
     __shared__ int s_last;
-    __threadfence();  // this thread's partial stores reach the whole GPU before the arrival below is counted
+    // No fence per thread: the barrier orders every thread's partial stores before thread 0's atomic, and the
+    // atomic's release half (gpu scope) is cumulative, so it publishes the whole block's stores, not only thread 0's
+    // (the same arrive as CUTLASS's GenericBarrier: a block barrier, then one releasing add). A __threadfence in
+    // every thread made each wait for its own stores first: 0.1-0.25 us more between a block's stores and the end
+    // of the merge on the H100 (B = 1, 4k and 32k keys).
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned int* count = arrivals + ((long long)b * Hkv + hk) * row_chunks + rc;
-        unsigned int before;  // acquire: the last block's reads below see what the others released with theirs
+        unsigned int before;  // release: this block's partials (above); acquire: the others' (read below, after the
+                              // barrier, by every thread of the last block)
         asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(count) : "memory");
         s_last = before == static_cast<unsigned int>(num_splits) - 1u;
         if (s_last) *count = 0u;  // every block of the group has arrived: zero again for the next launch
