@@ -88,27 +88,38 @@
 //   (q loaded, pipeline filled and drained, partial flushed and merged by arrival counters), was 3-11% slower than
 //   this grid on the H100 on every shape timed (B = 16, Hkv = 8, L = 4096: 100.0 us against 93.5 us; B = 64,
 //   L = 2048: 189 us against 182): each boundary idles the memory pipe for longer than the idle SMs cost. To win,
-//   each warp's copies would have to stay in flight across a boundary. And storing the cache in 8 bits halves the
-//   bytes to read.
-//   Where one launch's time goes, from %globaltimer stamps in every block (an instrumented copy of this kernel, H100,
-//   d = 128, one launch; medians over blocks):
+//   each warp's copies would have to stay in flight across a boundary, and even then the gain is small: shapes whose
+//   block count is a multiple of 132 (B = 33, Hkv = 4, L = 4096: 132 blocks; B = 66, Hkv = 8, L = 2048: 528) kept
+//   0.980 and 0.984 of cuDNN's speed, as B = 16 and B = 64 did (0.980, 0.984; kernel time, 3 paired rounds, one
+//   run): with one block per SM the busy SMs already draw the whole bandwidth. Storing the cache in 8 bits halves
+//   the bytes to read.
+//   Where one launch's time goes, from %globaltimer stamps in every block (an instrumented copy of this kernel as it
+//   was before the end-of-block change below, H100, d = 128, one launch; medians over blocks):
 //     B = 1, Hkv = 32, L = 4096, S = 4 (29.2 us from the first block's start to the last block's end):
 //       first tile landed 3.3 us after a block starts, 19.6 us of streaming, 1.3 us from warp 0's last tile to
-//       the block's partial stored (the barrier waits for the block's slowest warp), then 3.2 us for the last
-//       block of a group to count its arrival and merge the 4 partials (fence, atomic, two rounds of loads).
+//       the block's partial stored, then 3.2 us for the last block of a group to count its arrival and merge the
+//       4 partials (fence, atomic, two rounds of loads).
 //     B = 16, Hkv = 8, L = 4096, S = 1 (90.8 us): 3.7 + 82.6 + 2.3 us, and the last block ends 2 us after the median.
 //   The streaming itself runs at the memory's speed (64 MiB in 19.6 us is faster than DRAM alone: part of the cache
-//   is still in L2 from the previous launch). So what is left at batch 1 is the fixed cost at both ends: the first
-//   tile lands 3-4 us after a block starts, and the merge is a chain of dependent trips to L2. The first wait is not
-//   the sequence length: a version that copied each warp's first tile before the length arrived (the range taken
-//   from the capacity, checked once the length was known, copied again when wrong) sent its copies out about 1.1 us
-//   after a block's start instead of 2.3, yet its tiles landed no sooner (medians 3.8-3.9 us against 3.4-4.1 on the
-//   first three shapes of kernels.bench_decode; outputs bit-equal, times within 0.5% on all five), and paged caches
-//   were 2-4% slower for the extra page look-up: what a block waits for is the burst of every block's first copies. Loading the lse and o partials in one round (and an acquire-release arrival in place of
-//   atomic + fence) took the batch-1, 4096-key step from 31.3 to 30.9 us (A/B, 5 rounds, same run) and left the
-//   merge at 3.0 us: what remains is the writers' fence before their arrival and the atomic itself. Next: merge the
-//   S blocks of a group through distributed shared memory as one thread-block cluster (sm_90), which needs no trip
-//   to L2.
+//   is still in L2 from the previous launch). So what is left is the fixed cost at both ends:
+//     - The start: the first tile lands 3-4 us after a block starts. The wait is not the sequence length: a version
+//       that copied each warp's first tile before the length arrived (the range taken from the capacity, checked
+//       once the length was known, copied again when wrong) sent its copies out about 1.1 us after a block's start
+//       instead of 2.3, yet its tiles landed no sooner (medians 3.8-3.9 us against 3.4-4.1 on the first three shapes
+//       of kernels.bench_decode; outputs bit-equal, times within 0.5% on all five), and paged caches were 2-4%
+//       slower for the extra page look-up: what a block waits for is the burst of every block's first copies.
+//     - The block's end. Its warps stream their own tiles and drift apart: the last finishes 1.1-1.5 us after the
+//       first (medians at B = 16 and 64; 2.4-2.7 us at the 90th percentile), and the block's barrier waits for it.
+//       Giving tiles to whichever warp is free would even them out, but would make o depend on the timing (each
+//       warp's sums in a different order), and the course keeps results bit-reproducible. From the last warp's
+//       loop to the stores took 2.0 us while the warps' o went to shared memory with an 8-way bank conflict and
+//       every output element worked out its row's weights again; 1.0 us since (acc_column, store_block_result),
+//       which made the launch 1-2.6% faster on kernels.bench_decode's shapes.
+//     - The merge (S > 1): 2.75 us from a block's stores to the merged o at B = 1 with 4096 keys, an atomic and two
+//       rounds of loads, each a trip to L2. Loading the lse and o partials in one round took the step from 31.3 to
+//       30.9 us; dropping the fence every thread ran before the arrival saved 0.1-0.25 us more. Next: merge the S
+//       blocks of a group through distributed shared memory as one thread-block cluster (sm_90), which needs no
+//       trip to L2.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
