@@ -117,9 +117,15 @@
 //       which made the launch 1-2.6% faster on kernels.bench_decode's shapes.
 //     - The merge (S > 1): 2.75 us from a block's stores to the merged o at B = 1 with 4096 keys, an atomic and two
 //       rounds of loads, each a trip to L2. Loading the lse and o partials in one round took the step from 31.3 to
-//       30.9 us; dropping the fence every thread ran before the arrival saved 0.1-0.25 us more. Next: merge the S
-//       blocks of a group through distributed shared memory as one thread-block cluster (sm_90), which needs no
-//       trip to L2.
+//       30.9 us; dropping the fence every thread ran before the arrival saved 0.1-0.25 us more. Merging through
+//       distributed shared memory instead, with a group's S blocks as one thread-block cluster (sm_90: partials
+//       left in each block's shared memory, one cluster barrier, ld.shared::cluster, no L2 trip, no atomic), was
+//       tried and not kept: the merge got about 0.8 us shorter, but where a cluster's blocks may land decides more.
+//       Free to share SMs, S = 4 at B = 1, Hkv = 32, L = 4096 went from 30.1 to 29.4 us, yet the same shape paged
+//       went from 31.1 to 32.2 and S = 16 at L = 32768 from 51.6 to 54.3 (3 to 5 blocks of a cluster on one SM
+//       while other SMs idle); held to one block per SM (more than half the shared memory asked for), the GPU could
+//       not place all clusters of 4 or more at once: 43.3 and 76.8 us (H100, 5 paired rounds). Only S = 2 gained
+//       everywhere (35.9 -> 34.4 us), a count the heuristic does not pick on these shapes.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
