@@ -1,7 +1,8 @@
 """Time the sampling kernels beside plain torch on the same logits: `python3 -m kernels.bench_sampling`.
 
-For each batch B in (1, 64, 256) and vocabulary V in (32000, 128256, 256000), float32 logits (std 2), three pairs,
-ours and torch's usual way of doing the same thing, in one run:
+For each batch B in (1, 64, 256) and vocabulary V in (32000, 128256, 256000), float32 logits (std 2), four pairs,
+ours and torch's usual way of doing the same thing; all of a shape's callables (ours for each method, and each of
+torch's once) timed side by side in ROUNDS rounds (kernels.compare):
 
     top-p 0.9     ours: sample(x, top_p=0.9) (no sort: the crossing logit bracketed by mass, then the draw)
                   torch: softmax, sort descending, cumsum, mask after the crossing token, multinomial, gather
@@ -16,11 +17,13 @@ ours and torch's usual way of doing the same thing, in one run:
                   memory, read from HBM once) or sample_threshold (one block per row, the logits read from HBM on
                   every pass), as sampling.cluster_plan picks them; --cluster N forces sample_cluster<N>, --cluster 0
                   sample_threshold (for comparing the two on the same shapes)
-    kernel us     GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel)
+    kernel us     GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the median
+                  round of the ROUNDS (`ours_rounds_us`, `torch_rounds_us`: the kernel us of every round)
     call us       one Python call on an idle GPU, host overhead included
     reads         kernel time / the time of one read of the logits (B * V * 4 bytes) at the read bandwidth measured
                   in the same run (kernels.timing.read_bandwidth_gbps): 1.0 would be a single pass at full bandwidth
-    speedup       torch's kernel time / ours (the pair's ratio; above 1: ours is faster)
+    speedup       torch's kernel time / ours within a round, the median over the rounds (kernels.paired_ratio; above 1:
+                  ours is faster); the targets are judged on it
     correct       ours: the tokens of the first and the last row equal the float64 reference's for the same seed
                   (or the uniform lies within float32 rounding of a CDF boundary)
 
@@ -41,8 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import benchmark, format_table, gpu_name, gpu_unavailable_reason
+from . import format_table, gpu_name, gpu_unavailable_reason
 from . import sampling as SM
+from .timing import compare, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (1, 64, 256)
@@ -56,6 +60,7 @@ TARGETS = {"top-p 0.9": lambda B: 10.0 if B >= 64 else 5.0, "top-k 50": lambda B
            "top-k 50 lists": lambda B: 3.0, "plain": lambda B: None}
 KWARGS = {"top-p 0.9": dict(top_p=TOP_P), "top-k 50": dict(top_k=TOP_K),
           "top-k 50 lists": dict(top_k=TOP_K, top_k_method="lists"), "plain": {}}
+ROUNDS = 3  # rounds of kernels.compare per shape: each of ours and of torch's timed once per round, side by side
 
 
 def make_logits(B: int, V: int, seed: int = 0):
@@ -126,18 +131,22 @@ def measure(B: int, V: int, read_gbps: float, log=print, cluster=None) -> list[d
     x = make_logits(B, V)
     read_us = B * V * 4 / (read_gbps * 1e3)
     mine, peers = ours(x, cluster), torch_peers(x)
-    rows, torch_times = [], {}
+    fns = {}
+    for method, _, torch_name in PAIRS:
+        fns[("ours", method)] = mine[method]
+        fns.setdefault(("torch", torch_name), peers[method])  # the two top-k rows share their peer: timed once
+    timings = compare(fns, rounds=ROUNDS)
+    rows = []
     for method, our_name, torch_name in PAIRS:
-        t_ours = benchmark(mine[method])
-        if torch_name not in torch_times:  # the two top-k rows share their peer: timed once
-            torch_times[torch_name] = benchmark(peers[method])
-        t_torch = torch_times[torch_name]
+        t_ours, t_torch = timings[("ours", method)], timings[("torch", torch_name)]
         target = TARGETS[method](B)
-        speedup = t_torch.ms / t_ours.ms
+        speedup = paired_ratio(t_ours, t_torch)
         row = {"B": B, "V": V, "method": method, "ours": our_name, "kernel": kernel_name(B, V, method, cluster),
                "peer": torch_name,
                "ours_kernel_us": t_ours.ms * 1e3, "ours_call_us": t_ours.call_ms * 1e3,
                "torch_kernel_us": t_torch.ms * 1e3, "torch_call_us": t_torch.call_ms * 1e3,
+               "ours_rounds_us": [ms * 1e3 for ms in t_ours.rounds],
+               "torch_rounds_us": [ms * 1e3 for ms in t_torch.rounds],
                "read_us": read_us, "ours_reads": t_ours.ms * 1e3 / read_us, "torch_reads": t_torch.ms * 1e3 / read_us,
                "speedup": speedup, "target": target, "target_met": None if target is None else bool(speedup >= target),
                "correct": check_tokens(x, method, cluster)}
@@ -154,7 +163,7 @@ def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print,
     read_gbps = read_bandwidth_gbps()
     log(f"{gpu_name()}: read bandwidth {read_gbps:.0f} GB/s")
     result = {"gpu": gpu_name(), "read_gbps": read_gbps, "dtype": "float32", "top_p": TOP_P, "top_k": TOP_K,
-              "seed": SEED, "cluster": cluster, "rows": []}
+              "seed": SEED, "cluster": cluster, "rounds": ROUNDS, "rows": []}
     try:
         import torch
 

@@ -2,19 +2,23 @@
 
 1. Attention backward, float16, B=4 H=32, T in TS, d in {64, 128}, causal and not: our flash2_mma_bwd (its three
    launches, outputs and workspace preallocated) against torch SDPA's flash and cuDNN backends, each timed as
-   torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), all through
-   kernels.benchmark in the same run. TFLOP/s use the backward convention: 2.5 x the forward's 4 B H Tq Tk d
-   (halved for causal). A backend that refuses is recorded with its reason.
+   torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
+   backends of one shape side by side in ROUNDS rounds (kernels.compare). TFLOP/s use the backward convention: 2.5 x
+   the forward's 4 B H Tq Tk d (halved for causal). A backend that refuses is recorded with its reason.
 2. The masked softmax by lengths, float32, forward and backward: our operators against torch's masked_fill + softmax
    (the mask made once, outside the timing) and torch's softmax backward followed by the masked_fill of the gradient,
-   at a BERT-like shape (12 heads x 16 sequences x 128 queries, rows of 128) and a long-row shape (2048 rows of 16384).
+   at a BERT-like shape (12 heads x 16 sequences x 128 queries, rows of 128) and a long-row shape (2048 rows of 16384);
+   every case of one shape side by side in ROUNDS rounds (kernels.compare).
 3. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
    directly, and torch's own SDPA call.
 
-    kernel ms        GPU time per call (calls queued back to back behind a hold kernel)
+    kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
+                     median round of the comparison's ROUNDS rounds (`rounds ms`: the kernel ms of every round)
     call ms          one call on an idle GPU, host time included
     TFLOP/s          backward FLOPs per second of kernel time
-    vs flash         SDPA flash's kernel time / ours (above 1: ours is faster)
+    vs flash, vs cuDNN   SDPA flash's (cuDNN's) kernel time / ours within a round, the median over the rounds
+                     (kernels.paired_ratio; above 1: ours is faster)
+    ours faster by   the softmax's: this row's kernel time / ours within a round, the median over the rounds
 
 Results go to results/bench-torch.json, numbers as numbers.
 
@@ -32,9 +36,9 @@ import time
 from pathlib import Path
 
 
-from . import benchmark, format_table, gpu_name, gpu_unavailable_reason
+from . import format_table, gpu_name, gpu_unavailable_reason
 from ._core import cp
-from .timing import host_overhead_us
+from .timing import compare, host_overhead_us, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 B, H = 4, 32
@@ -43,6 +47,7 @@ DS = (64, 128)
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 SOFTMAX_SHAPES = {"bert": (12 * 16 * 128, 128), "long_rows": (2048, 16384)}
 HOST_SHAPE = (1, 2, 16, 64)
+ROUNDS = 3  # rounds of kernels.compare per comparison: ours and torch's timed once per round, side by side
 
 
 def backward_flops(T: int, d: int, causal: bool) -> float:
@@ -66,7 +71,7 @@ def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
                            for _ in range(4))
             for causal in (False, True):
                 flops = backward_flops(T, d, causal)
-                times = {}
+                fns, notes = {}, {}
                 # ours: the launcher on CuPy views of the same tensors, outputs and workspace preallocated
                 cq, ck, cv, cdo = (cp.from_dlpack(t) for t in (q, k, v, do))
                 o, lse = flash2_mma.forward(cq, ck, cv, causal=causal, return_lse=True)
@@ -76,8 +81,7 @@ def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
                 def ours():
                     flash2_mma_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal, dq=dq, dk=dk, dv=dv, workspace=ws)
 
-                times["ours"] = benchmark(ours, **bench_kw)
-                del o, lse, dq, dk, dv, ws
+                fns["ours"] = ours
                 for name, backend in SDPA_BACKENDS.items():
                     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
                     try:
@@ -87,21 +91,26 @@ def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
                         def peer(out=out, qg=qg, kg=kg, vg=vg):
                             torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
-                        times[name] = benchmark(peer, **bench_kw)
+                        peer()  # a backend may refuse the backward too: before the timing, not in it
+                        fns[name] = peer
                     except RuntimeError as e:
-                        times[name] = f"not run: {str(e).splitlines()[0][:120]}"
+                        notes[name] = f"not run: {str(e).splitlines()[0][:120]}"
                     finally:
                         del qg, kg, vg
                         out = None
-                flash = times.get("sdpa_flash")
-                for impl, t in times.items():
+                times = compare(fns, rounds=ROUNDS, **bench_kw)
+                del o, lse, dq, dk, dv, ws, fns
+                for impl in ("ours", *SDPA_BACKENDS):
                     row = {"impl": impl, "T": T, "d": d, "causal": causal}
-                    if isinstance(t, str):
-                        row["note"] = t
+                    t = times.get(impl)
+                    if t is None:
+                        row["note"] = notes[impl]
                     else:
                         row.update({"kernel ms": t.ms, "spread %": 100 * (t.max_ms - t.min_ms) / t.ms,
-                                    "call ms": t.call_ms, "TFLOP/s": t.tflops(flops),
-                                    "vs flash": flash.ms / t.ms if not isinstance(flash, (str, type(None))) else None})
+                                    "call ms": t.call_ms, "TFLOP/s": t.tflops(flops)})
+                        for col, p in (("vs flash", "sdpa_flash"), ("vs cuDNN", "sdpa_cudnn")):
+                            row[col] = paired_ratio(t, times[p]) if p in times else None
+                        row["rounds ms"] = list(t.rounds)
                     rows.append(row)
                 torch.cuda.synchronize()
             del q, k, v, do
@@ -132,20 +141,26 @@ def bench_softmax(bench_kw) -> list[dict]:
         }
         if hasattr(torch, "_masked_softmax"):
             cases[("forward", "torch._masked_softmax (fused)")] = lambda: torch._masked_softmax(x, mask, 1, 2)
-        ref = {}
-        for (direction, impl), fn in cases.items():
+        fns, notes = {}, {}
+        for case, fn in cases.items():
             try:
-                t = benchmark(fn, **bench_kw)
+                fn()  # one that this torch refuses is recorded, not timed
+                torch.cuda.synchronize()
+                fns[case] = fn
             except RuntimeError as e:
-                rows.append({"shape": label, "rows": R, "cols": C, "direction": direction, "impl": impl,
-                             "note": f"not run: {str(e).splitlines()[0][:120]}"})
-                continue
-            if impl == "ours":
-                ref[direction] = t.ms
-            rows.append({"shape": label, "rows": R, "cols": C, "direction": direction, "impl": impl,
-                         "kernel ms": t.ms, "call ms": t.call_ms, "GB/s": nbytes[direction] / (t.ms * 1e-3) / 1e9,
-                         "ours faster by": (t.ms / ref[direction]) if direction in ref else None})
-        del x, dy, y, mask
+                notes[case] = f"not run: {str(e).splitlines()[0][:120]}"
+        times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
+        for direction, impl in cases:
+            row = {"shape": label, "rows": R, "cols": C, "direction": direction, "impl": impl}
+            t, ours = times.get((direction, impl)), times.get((direction, "ours"))
+            if t is None:
+                row["note"] = notes[(direction, impl)]
+            else:
+                row.update({"kernel ms": t.ms, "call ms": t.call_ms, "GB/s": nbytes[direction] / (t.ms * 1e-3) / 1e9,
+                            "ours faster by": paired_ratio(ours, t) if ours is not None else None,
+                            "rounds ms": list(t.rounds)})
+            rows.append(row)
+        del x, dy, y, mask, cases, fns
         torch.cuda.empty_cache()
     return rows
 
@@ -181,7 +196,7 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
         command: str | None = None) -> dict:
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": "float16", "backward_flops": "2.5 x forward",
-              "T": list(Ts), "d": list(Ds), "command": command,
+              "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
         result["backward"] = bench_backward(Ts, Ds, bench_kw)
@@ -200,7 +215,7 @@ def summary(result: dict) -> str:
     parts = [f"GPU: {result['gpu']}"]
     if "backward" in result:
         parts.append(format_table(result["backward"], ["impl", "T", "d", "causal", "kernel ms", "call ms", "TFLOP/s",
-                                                       "vs flash", "note"]))
+                                                       "vs flash", "vs cuDNN", "note"]))
     if "softmax" in result:
         parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
                                                       "ours faster by", "note"]))

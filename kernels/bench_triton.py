@@ -12,8 +12,12 @@ Float16, B=4, H=32, T in {1024, 4096, 16384}, d in {64, 128}, causal and not (Tq
             products of the forward's size against two), the usual convention.
 
 Every time comes from kernels.benchmark: kernel time (calls queued back to back; ratios use it) and call time
-(one Python call on an idle GPU). TFLOP/s from the kernel time; "vs flash" = SDPA flash's kernel time / ours.
-A "correct" column checks our forward against reference.attention for the first (batch, head) where T <= 4096.
+(one Python call on an idle GPU). The implementations of one shape and direction are timed side by side in ROUNDS
+rounds (kernels.compare); each row is its median round (`rounds_ms`: the kernel ms of every round), and one that
+refuses the shape (on its first call) is recorded as "not run". TFLOP/s from the kernel time; "vs flash"
+(`ratio_sdpa_flash`, and `ratio_sdpa_cudnn`) = SDPA flash's (cuDNN's) kernel time / ours within a round, the median over
+the rounds (kernels.paired_ratio). A "correct" column checks our forward against reference.attention for the first
+(batch, head) where T <= 4096. The --sweep times each kind's candidates side by side the same way.
 
     python3 -m kernels.bench_triton                   # the whole grid, results/bench-triton.json
     python3 -m kernels.bench_triton --T 4096 --d 128  # part of it
@@ -36,11 +40,11 @@ import numpy as np
 
 import reference as R
 
-from . import benchmark, check, format_table, gpu_name, gpu_unavailable_reason
+from . import check, format_table, gpu_name, gpu_unavailable_reason
 from . import flash2_mma
 from . import flash2_triton as F
 from ._core import cp
-from .timing import attention_flops, host_overhead_us
+from .timing import attention_flops, compare, host_overhead_us, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 B, H = 4, 32
@@ -49,10 +53,12 @@ D_VALUES = (64, 128)
 SWEEP_T = 4096
 BWD_FLOP_FACTOR = 2.5
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+ROUNDS = 3  # rounds of kernels.compare per shape and direction: every implementation timed once per round, side by side
 
 
 def reps(T: int) -> dict:
-    """benchmark() repetitions: fewer for the long shapes (a T=16384 call takes tens of milliseconds)."""
+    """benchmark() repetitions (per round of kernels.compare): fewer for the long shapes (a T=16384 call takes tens of
+    milliseconds)."""
     return dict(batches=3, calls=3, warmup=1) if T >= 16384 else dict(batches=5, calls=5, warmup=2)
 
 
@@ -77,21 +83,38 @@ def sdpa_forward(backend: str, causal: bool):
     return run
 
 
-def time_backward(forward, q, k, v, do, r):
-    """kernels.benchmark of the backward alone: grad of one retained graph."""
+def backward_call(forward, q, k, v, do):
+    """The backward alone, to time: one forward builds the graph here, and each call is grad of that retained graph."""
     import torch
 
     qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
     o = forward(qg, kg, vg)
-    return benchmark(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True), **r)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
 def not_run(e: Exception) -> str:
     return f"not run: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
+def runnable(fns: dict, build=None) -> tuple[dict, dict]:
+    """The entries of fns that run once without an error, to time ({name: callable}; where build is given, the callable
+    is build(fns[name])), and not_run(error) for the others ({name: str}): a backend that refuses the shape, a
+    configuration out of shared memory or registers. Recorded, not fatal."""
+    ok, notes = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn = build(fn) if build is not None else fn
+            fn()
+            cp.cuda.Device().synchronize()
+            ok[name] = fn
+        except Exception as e:
+            notes[name] = not_run(e)
+    return ok, notes
+
+
 def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None), log=print) -> list[dict]:
-    """Rows (dicts of numbers and names) for one shape: every forward and every backward."""
+    """Rows (dicts of numbers and names) for one shape: every forward, then every backward, each direction's
+    implementations timed side by side in ROUNDS rounds (kernels.compare)."""
     import torch
 
     (q, k, v, do), (qc, kc, vc) = make_inputs(T, d)
@@ -100,17 +123,24 @@ def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None)
     shape = dict(B=B, H=H, T=T, d=d, causal=causal)
     rows = []
 
-    def add(name, direction, fn_or_timing, fl, **extra):
-        row = dict(shape, name=name, direction=direction, **extra)
-        try:
-            t = fn_or_timing() if callable(fn_or_timing) else fn_or_timing
-            row.update(kernel_ms=t.ms, min_ms=t.min_ms, max_ms=t.max_ms, call_ms=t.call_ms, tflops=t.tflops(fl),
-                       call_tflops=t.tflops(fl, "call"))
-        except Exception as e:  # a backend that refuses this shape
-            row["note"] = not_run(e)
-        rows.append(row)
-        log(f"  {name:14s} {direction:8s} " + (f"{row['kernel_ms']:9.3f} ms  {row['tflops']:6.1f} TFLOP/s"
-                                                  if "kernel_ms" in row else row["note"]))
+    def add(direction, fns, fl, extra, build=None):
+        """One row per entry of fns (name -> callable, or what build turns into one), in its order; extra: name ->
+        the row's further fields."""
+        ok, notes = runnable(fns, build)
+        timings = compare(ok, rounds=ROUNDS, **r) if ok else {}
+        for name in fns:
+            row = dict(shape, name=name, direction=direction, **extra.get(name, {}))
+            t = timings.get(name)
+            if t is None:
+                row["note"] = notes[name]
+            else:
+                row.update(kernel_ms=t.ms, min_ms=t.min_ms, max_ms=t.max_ms, call_ms=t.call_ms, tflops=t.tflops(fl),
+                           call_tflops=t.tflops(fl, "call"), rounds_ms=list(t.rounds))
+                for p in SDPA_BACKENDS:
+                    row[f"ratio_{p}"] = paired_ratio(t, timings[p]) if p in timings else None
+            rows.append(row)
+            log(f"  {name:14s} {direction:8s} " + (f"{row['kernel_ms']:9.3f} ms  {row['tflops']:6.1f} TFLOP/s"
+                                                      if "kernel_ms" in row else row["note"]))
 
     cfg = fwd_cfg or F.FWD_CONFIGS[(d, causal)]
     correct = ""
@@ -118,27 +148,24 @@ def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None)
         o = F.forward(qc, kc, vc, causal=causal, config=cfg)
         host = [x[:1, :1].get().astype(np.float64) for x in (qc, kc, vc)]
         correct = str(check(o[:1, :1], R.attention(*host, causal=causal), "float16"))
-    add("flash2_triton", "forward", lambda: benchmark(lambda: F.forward(qc, kc, vc, causal=causal, config=cfg), **r),
-        flops, config=list(cfg), correct=correct)
-    add("flash2_mma", "forward", lambda: benchmark(lambda: flash2_mma.forward(qc, kc, vc, causal=causal), **r), flops)
+    forwards = {"flash2_triton": lambda: F.forward(qc, kc, vc, causal=causal, config=cfg),
+                "flash2_mma": lambda: flash2_mma.forward(qc, kc, vc, causal=causal)}
     for name, backend in SDPA_BACKENDS.items():
-        fn = sdpa_forward(backend, causal)
-        add(name, "forward", lambda fn=fn: benchmark(lambda: fn(q, k, v), **r), flops)
+        forwards[name] = lambda fn=sdpa_forward(backend, causal): fn(q, k, v)
+    add("forward", forwards, flops, {"flash2_triton": dict(config=list(cfg), correct=correct)})
 
     bflops = BWD_FLOP_FACTOR * flops
     kv_cfg, q_cfg = bwd_cfgs
     kv_cfg, q_cfg = kv_cfg or F.BWD_KV_CONFIGS[d], q_cfg or F.BWD_Q_CONFIGS[d]
+    graphs = {"flash2_triton": lambda a, b, c: F.attention(a, b, c, causal=causal)}
+    graphs.update({name: sdpa_forward(backend, causal) for name, backend in SDPA_BACKENDS.items()})
     old = F.BWD_KV_CONFIGS[d], F.BWD_Q_CONFIGS[d]
     F.BWD_KV_CONFIGS[d], F.BWD_Q_CONFIGS[d] = kv_cfg, q_cfg  # the autograd Function reads the tables
-    try:
-        add("flash2_triton", "backward", lambda: time_backward(lambda a, b, c: F.attention(a, b, c, causal=causal),
-                                                               q, k, v, do, r), bflops,
-            config=[list(kv_cfg), list(q_cfg)])
+    try:  # every backward of the shape in the same rounds, so the tables hold our configs through all of them
+        add("backward", graphs, bflops, {"flash2_triton": dict(config=[list(kv_cfg), list(q_cfg)])},
+            build=lambda forward: backward_call(forward, q, k, v, do))
     finally:
         F.BWD_KV_CONFIGS[d], F.BWD_Q_CONFIGS[d] = old
-    for name, backend in SDPA_BACKENDS.items():
-        fn = sdpa_forward(backend, causal)
-        add(name, "backward", lambda fn=fn: time_backward(fn, q, k, v, do, r), bflops)
     del q, k, v, do, qc, kc, vc
     torch.cuda.empty_cache()
     return rows
@@ -146,30 +173,32 @@ def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None)
 
 def sweep(d: int, causal: bool, log=print) -> dict:
     """Kernel time of every candidate at T=SWEEP_T: the forward's CANDIDATES, then the dK/dV candidates (with the
-    table's dQ config) and the dQ candidates (with the best dK/dV), through the CuPy launchers."""
+    table's dQ config) and the dQ candidates (with the best dK/dV), through the CuPy launchers; the candidates of each
+    kind side by side in ROUNDS rounds (kernels.compare), each entry its median round."""
     (q, k, v, do), (qc, kc, vc) = make_inputs(SWEEP_T, d, seed=1)
     doc = cp.from_dlpack(do)
     r = dict(batches=3, calls=2, warmup=1)
     out = {"forward": [], "dkdv": [], "dq": []}
 
-    def timed(kind, cfg, fn):
-        try:
-            t = benchmark(fn, **r)
-            out[kind].append(dict(config=list(cfg), kernel_ms=t.ms))
+    def timed(kind, fns):  # fns: config -> callable
+        ok, notes = runnable(fns)
+        timings = compare(ok, rounds=ROUNDS, **r) if ok else {}
+        for cfg in fns:
+            t = timings.get(cfg)
+            if t is None:
+                out[kind].append(dict(config=list(cfg), note=notes[cfg]))
+                log(f"  sweep d={d} {kind:8s} {tuple(cfg)}: {notes[cfg]}")
+                continue
+            out[kind].append(dict(config=list(cfg), kernel_ms=t.ms, rounds_ms=list(t.rounds)))
             log(f"  sweep d={d} {'causal' if causal else 'full'} {kind:8s} {tuple(cfg)}: {t.ms:.3f} ms")
-        except Exception as e:  # out of shared memory or registers: recorded, not fatal
-            out[kind].append(dict(config=list(cfg), note=not_run(e)))
-            log(f"  sweep d={d} {kind:8s} {tuple(cfg)}: {not_run(e)}")
 
-    for cfg in F.CANDIDATES:
-        timed("forward", cfg, lambda cfg=cfg: F.forward(qc, kc, vc, causal=causal, config=cfg))
+    timed("forward", {cfg: (lambda cfg=cfg: F.forward(qc, kc, vc, causal=causal, config=cfg)) for cfg in F.CANDIDATES})
     o, lse = F.forward(qc, kc, vc, causal=causal, return_lse=True)
-    for cfg in F.BWD_KV_CANDIDATES:
-        timed("dkdv", cfg, lambda cfg=cfg: F.backward(qc, kc, vc, o, lse, doc, causal=causal, kv_config=cfg))
+    timed("dkdv", {cfg: (lambda cfg=cfg: F.backward(qc, kc, vc, o, lse, doc, causal=causal, kv_config=cfg))
+                   for cfg in F.BWD_KV_CANDIDATES})
     best_kv = best(out["dkdv"]) or F.BWD_KV_CONFIGS[d]
-    for cfg in F.BWD_Q_CANDIDATES:
-        timed("dq", cfg, lambda cfg=cfg: F.backward(qc, kc, vc, o, lse, doc, causal=causal, kv_config=best_kv,
-                                                    q_config=cfg))
+    timed("dq", {cfg: (lambda cfg=cfg: F.backward(qc, kc, vc, o, lse, doc, causal=causal, kv_config=best_kv,
+                                                  q_config=cfg)) for cfg in F.BWD_Q_CANDIDATES})
     out["best"] = {kind: list(best(out[kind]) or ()) for kind in ("forward", "dkdv", "dq")}
     return out
 
@@ -217,15 +246,15 @@ def host_costs(log=print) -> dict:
 
 
 def table(rows: list[dict]) -> list[dict]:
-    """Printable rows: ours beside the peers, with kernel time, call time and the ratio to SDPA flash."""
+    """Printable rows: ours beside the peers, with kernel time, call time and the paired ratio to SDPA flash (measure's
+    ratio_sdpa_flash: the ratio within a round, the median over the rounds)."""
     out = []
-    ref = {(r["T"], r["d"], r["causal"], r["direction"]): r.get("kernel_ms") for r in rows if r["name"] == "sdpa_flash"}
     for r in rows:
-        flash = ref.get((r["T"], r["d"], r["causal"], r["direction"]))
+        vs_flash = r.get("ratio_sdpa_flash")
         out.append({"dir": r["direction"][:3], "T": r["T"], "d": r["d"], "causal": "yes" if r["causal"] else "no",
                     "kernel": r["name"], "kernel ms": r.get("kernel_ms", float("nan")),
                     "call ms": r.get("call_ms", float("nan")), "TFLOP/s": r.get("tflops", float("nan")),
-                    "vs flash": flash / r["kernel_ms"] if flash and r.get("kernel_ms") else float("nan"),
+                    "vs flash": float("nan") if vs_flash is None else vs_flash,
                     "note": r.get("correct") or r.get("note", "")})
     return out
 
@@ -234,7 +263,7 @@ def run(Ts=T_VALUES, ds=D_VALUES, causals=(False, True), *, do_sweep=False, out_
         log=print) -> dict:
     import torch
 
-    result = {"gpu": gpu_name(), "torch": torch.__version__, "B": B, "H": H, "dtype": "float16",
+    result = {"gpu": gpu_name(), "torch": torch.__version__, "B": B, "H": H, "dtype": "float16", "rounds": ROUNDS,
               "backward_flops_factor": BWD_FLOP_FACTOR, "backward_timing": "torch.autograd.grad with retain_graph",
               "command": "python3 -m kernels.bench_triton " + " ".join(sys.argv[1:]), "rows": [], "sweep": {},
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

@@ -22,16 +22,18 @@ length, Tmax). Every variant does its GEMMs with torch (cuBLAS), so the GEMMs co
     unpad+packed+pad     packed ours plus remove_padding before and restore_padding after: the whole cost for a
                          model of ONE layer (a model of L layers pays the two copies once, not L times).
 
-For each: kernel time and call time (kernels.benchmark; every variant of a batch in the same run), and the speedup of
-each over "padded sdpa+mask" and of "packed ours" over "padded ours (cost)", against the ideal: padded tokens / real
-tokens (what the GEMMs can gain) and padded attention FLOPs / real attention FLOPs (B Tmax^2 / sum l^2: what
-attention can gain). The padding-removal kernels (cu_seqlens from a mask, gather, scatter) are timed alone, in GB/s
-against the copy bandwidth of the same run. Correctness: "packed ours" (restored) against the float64 reference
-(reference.bert_layer_packed) on the shortest sequence and the longest of at most 512 tokens, with kernels.check at
-float16's tolerance.
+For each: kernel time and call time (kernels.benchmark), every variant of a batch timed side by side in ROUNDS rounds
+(kernels.compare), each row its median round (`rounds_ms`: the kernel ms of every round); and the speedup of each over
+"padded sdpa+mask" and of "packed ours" over "padded ours (cost)": the other's kernel time / this one's within a round,
+the median over the rounds (kernels.paired_ratio). Against the ideal: padded tokens / real tokens (what the GEMMs can
+gain) and padded attention FLOPs / real attention FLOPs (B Tmax^2 / sum l^2: what attention can gain). The
+padding-removal kernels (cu_seqlens from a mask, gather, scatter) are timed apart from the layer (the four of a batch
+side by side in ROUNDS rounds, each row its median round), in GB/s against the copy bandwidth of the same run.
+Correctness: "packed ours" (restored) against the float64 reference (reference.bert_layer_packed) on the shortest
+sequence and the longest of at most 512 tokens, with kernels.check at float16's tolerance.
 Results go to results/bench-varlen.json, numbers as numbers.
 
-    python3 -m kernels.bench_varlen                    # everything (about half a minute on an H100)
+    python3 -m kernels.bench_varlen                    # everything (about half a minute a round on an H100)
     python3 -m kernels.bench_varlen --batches 0        # one batch
 """
 
@@ -45,10 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import benchmark, check, format_table, gpu_name, gpu_unavailable_reason
+from . import check, format_table, gpu_name, gpu_unavailable_reason
 from . import flash2_mma, varlen
 from ._core import cp
-from .timing import copy_bandwidth_gbps
+from .timing import compare, copy_bandwidth_gbps, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN, HEADS = 1024, 16
@@ -57,6 +59,7 @@ BATCHES = [dict(B=32, Tmax=512, mean=1 / 2), dict(B=32, Tmax=512, mean=1 / 4),
            dict(B=8, Tmax=2048, mean=1 / 2), dict(B=8, Tmax=2048, mean=1 / 4)]
 BASELINE = "padded sdpa+mask"
 CHECK_MAX_LEN = 512
+ROUNDS = 3  # rounds of kernels.compare per batch: every variant timed once per round, side by side
 
 
 def draw_lengths(B: int, Tmax: int, mean: float, seed: int = 0) -> np.ndarray:
@@ -173,7 +176,8 @@ def check_layer(p: dict, out_padded) -> dict:
 
 
 def measure(p: dict) -> dict:
-    """Every variant of one batch, in one run."""
+    """Every variant of one batch, side by side in ROUNDS rounds (kernels.compare): each runs once first, and one that
+    this torch refuses is recorded as not run; the speedups are paired ratios (kernels.paired_ratio)."""
     import torch
 
     packed_x = torch.from_dlpack(varlen.remove_padding(p["x_cp"], p["cu"], p["total"]))
@@ -187,7 +191,7 @@ def measure(p: dict) -> dict:
     }
     fallbacks = {"packed sdpa nested": ("q, k, v copied out of the fused QKV (strided views refused)",
                                         lambda: layer_packed_nested(p, packed_x, contiguous=True))}
-    rows = {}
+    rows, fns, notes = {}, {}, {}
     for name, fn in variants.items():
         note = ""
         for attempt in range(2):
@@ -204,36 +208,39 @@ def measure(p: dict) -> dict:
         if error is not None:
             rows[name] = dict(not_run=error)
             continue
-        t = benchmark(fn)
-        rows[name] = dict(kernel_ms=t.ms, call_ms=t.call_ms, note=note)
+        rows[name], fns[name], notes[name] = {}, fn, note  # filled below, in the variants' order
+    timings = compare(fns, rounds=ROUNDS) if fns else {}
+    for name, t in timings.items():
+        rows[name].update(kernel_ms=t.ms, call_ms=t.call_ms, note=notes[name], rounds_ms=list(t.rounds))
+        if BASELINE in timings:
+            rows[name]["speedup_vs_padded_sdpa_mask"] = paired_ratio(t, timings[BASELINE])
+    if "packed ours" in timings and "padded ours (cost)" in timings:
+        rows["packed ours"]["speedup_vs_padded_ours"] = paired_ratio(timings["packed ours"],
+                                                                     timings["padded ours (cost)"])
     B, T = p["B"], p["Tmax"]
     ideal_tokens = B * T / p["total"]
     ideal_attention = B * T * T / float((p["lengths"].astype(np.float64) ** 2).sum())
-    base = rows[BASELINE].get("kernel_ms")
-    for r in rows.values():
-        if "kernel_ms" in r and base:
-            r["speedup_vs_padded_sdpa_mask"] = base / r["kernel_ms"]
-    if "kernel_ms" in rows["packed ours"] and "kernel_ms" in rows["padded ours (cost)"]:
-        rows["packed ours"]["speedup_vs_padded_ours"] = rows["padded ours (cost)"]["kernel_ms"] / \
-            rows["packed ours"]["kernel_ms"]
     return dict(B=B, Tmax=T, hidden=p["hidden"], heads=p["heads"], d=p["d"], total=p["total"],
                 mean_len=p["total"] / B, mean_over_max=p["total"] / B / T, ideal_tokens=ideal_tokens,
                 ideal_attention=ideal_attention, variants=rows, correct=check_layer(p, layer_unpad_packed_pad(p)))
 
 
 def padding_kernels(p: dict, copy_gbps: float) -> list[dict]:
-    """cu_seqlens from the mask, gather and scatter of one batch, alone: kernel time, call time, GB/s."""
+    """cu_seqlens from the mask, gather and scatter of one batch, apart from the layer (the four side by side in ROUNDS
+    rounds, each row its median round): kernel time, call time, GB/s."""
     packed = varlen.remove_padding(p["x_cp"], p["cu"], p["total"])
     row = p["hidden"] * 2
     moved = 2 * p["total"] * row  # gather: read and write each real row
     restored = p["total"] * row + p["B"] * p["Tmax"] * row  # scatter: read real rows, write every padded row
+    steps = {"from_mask (2 kernels)": (lambda: varlen.from_mask(p["mask_cp"]), None),
+             "cu_seqlens from lengths": (lambda: varlen.cu_seqlens_from_lengths(cp.asarray(p["lengths"]),
+                                                                                max_len=p["Tmax"]), None),
+             "remove_padding": (lambda: varlen.remove_padding(p["x_cp"], p["cu"], p["total"]), moved),
+             "restore_padding": (lambda: varlen.restore_padding(packed, p["cu"], p["Tmax"]), restored)}
+    timings = compare({name: fn for name, (fn, _) in steps.items()}, rounds=ROUNDS)
     out = []
-    for name, fn, nbytes in (("from_mask (2 kernels)", lambda: varlen.from_mask(p["mask_cp"]), None),
-                             ("cu_seqlens from lengths", lambda: varlen.cu_seqlens_from_lengths(
-                                 cp.asarray(p["lengths"]), max_len=p["Tmax"]), None),
-                             ("remove_padding", lambda: varlen.remove_padding(p["x_cp"], p["cu"], p["total"]), moved),
-                             ("restore_padding", lambda: varlen.restore_padding(packed, p["cu"], p["Tmax"]), restored)):
-        t = benchmark(fn)
+    for name, (_, nbytes) in steps.items():
+        t = timings[name]
         r = dict(step=name, B=p["B"], Tmax=p["Tmax"], kernel_us=t.ms * 1e3, call_us=t.call_ms * 1e3)
         if nbytes:
             r["GB/s"] = nbytes / t.ms / 1e6
@@ -248,7 +255,7 @@ def run(batches=range(len(BATCHES)), out_path: Path | None = None, log=print) ->
     copy_gbps = copy_bandwidth_gbps()
     log(f"{gpu_name()}: copy bandwidth {copy_gbps:.0f} GB/s; torch {torch.__version__}")
     result = dict(gpu=gpu_name(), torch=torch.__version__, dtype=DTYPE, hidden=HIDDEN, heads=HEADS,
-                  copy_gbps=copy_gbps, batches=[], padding_kernels=[])
+                  copy_gbps=copy_gbps, rounds=ROUNDS, batches=[], padding_kernels=[])
     for i in batches:
         p = make_layer(**BATCHES[i], seed=i)
         result["batches"].append(measure(p))

@@ -119,3 +119,40 @@ def test_compare_and_sustained_on_the_gpu(gpu):
     s = timing.sustained(lambda: timing.hold_gpu(1_000_000), seconds=0.5, batch_ms=50)
     assert s["ms"] >= 1.0 and s["calls"] >= 2
     assert set(s) == {"ms", "calls", "sm_mhz", "power_w", "temp_c", "power_limit_w", "sm_max_mhz"}
+
+
+# ---- the benches of notebooks 09-12 take their ratios from the rounds of one compare(): bookkeeping on the CPU ----
+
+def test_bench_sampling_times_a_shape_in_one_compare_and_pairs_the_speedup(monkeypatch):
+    """Each of ours and each of torch's (the top-k peer once for its two rows) in the same rounds; the speedup is the
+    median of the rounds' ratios (3, 1, 3 -> 3), not the ratio of the median rounds (3 / 2)."""
+    from kernels import bench_sampling as BS
+
+    names = [("ours", m) for m, _, _ in BS.PAIRS] + [("torch", t) for t in dict.fromkeys(p[2] for p in BS.PAIRS)]
+    times = {n: [1.0, 2.0, 3.0] if n[0] == "ours" else [3.0, 2.0, 9.0] for n in names}
+    order = []
+    monkeypatch.setattr(timing, "benchmark", _fake_benchmark(order, times))
+    monkeypatch.setattr(BS, "make_logits", lambda B, V: None)
+    monkeypatch.setattr(BS, "ours", lambda x, cluster=None: {m: (lambda m=m: ("ours", m)) for m in BS.KWARGS})
+    monkeypatch.setattr(BS, "torch_peers", lambda x: {m: (lambda t=t: ("torch", t)) for m, _, t in BS.PAIRS})
+    monkeypatch.setattr(BS, "check_tokens", lambda x, method, cluster=None: True)
+    monkeypatch.setattr(BS, "kernel_name", lambda B, V, method, cluster=None: "fake")
+    rows = BS.measure(64, 1000, 1.0, log=lambda *a: None)
+    assert len(order) == BS.ROUNDS * len(names) and not any(times.values())  # every callable once a round
+    assert [r["method"] for r in rows] == [m for m, _, _ in BS.PAIRS]
+    for r in rows:
+        assert r["ours_rounds_us"] == [1e3, 2e3, 3e3] and r["torch_rounds_us"] == [3e3, 2e3, 9e3]
+        assert r["ours_kernel_us"] == 2e3 and r["torch_kernel_us"] == 3e3  # the median rounds
+        assert r["speedup"] == pytest.approx(3.0)
+
+
+def test_bench_triton_table_shows_the_paired_ratio():
+    """"vs flash" is the row's paired ratio from measure(), not SDPA flash's median round over the row's."""
+    from kernels import bench_triton as BT
+
+    shape = dict(B=4, H=32, T=4096, d=64, causal=False, direction="forward")
+    rows = [dict(shape, name="flash2_triton", kernel_ms=2.0, call_ms=2.1, tflops=1.0, ratio_sdpa_flash=3.0),
+            dict(shape, name="sdpa_flash", kernel_ms=3.0, call_ms=3.1, tflops=1.0, ratio_sdpa_flash=1.0),
+            dict(shape, name="sdpa_cudnn", note="not run: RuntimeError: refused")]
+    vs = [r["vs flash"] for r in BT.table(rows)]
+    assert vs[:2] == [3.0, 1.0] and np.isnan(vs[2])
