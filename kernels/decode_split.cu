@@ -110,6 +110,8 @@
 //       slower for the extra page look-up: what a block waits for is the burst of every block's first copies.
 //     - The block's end. Its warps stream their own tiles and drift apart: the last finishes 1.1-1.5 us after the
 //       first (medians at B = 16 and 64; 2.4-2.7 us at the 90th percentile), and the block's barrier waits for it.
+//       Which warp ends last is random (each of the four about as often; equal mean loop times), so no fixed
+//       reassignment of tiles to warps evens them out.
 //       Giving tiles to whichever warp is free would even them out, but would make o depend on the timing (each
 //       warp's sums in a different order), and the course keeps results bit-reproducible. From the last warp's
 //       loop to the stores took 2.0 us while the warps' o went to shared memory with an 8-way bank conflict and
