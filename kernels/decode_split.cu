@@ -111,12 +111,11 @@
 //     - The block's end. Its warps stream their own tiles and drift apart: the last finishes 1.1-1.5 us after the
 //       first (medians at B = 16 and 64; 2.4-2.7 us at the 90th percentile), and the block's barrier waits for it.
 //       Which warp ends last is random (each of the four about as often; equal mean loop times), so no fixed
-//       reassignment of tiles to warps evens them out.
-//       Giving tiles to whichever warp is free would even them out, but would make o depend on the timing (each
-//       warp's sums in a different order), and the course keeps results bit-reproducible. From the last warp's
-//       loop to the stores took 2.0 us while the warps' o went to shared memory with an 8-way bank conflict and
-//       every output element worked out its row's weights again; 1.0 us since (acc_column, store_block_result),
-//       which made the launch 1-2.6% faster on kernels.bench_decode's shapes.
+//       reassignment of tiles to warps helps. Giving each tile to whichever warp is free would even them out, but
+//       would make o depend on the timing (each warp's sums in a different order), and the course keeps results
+//       bit-reproducible. From the last warp's loop to the stores took 2.0 us while the warps' o went to shared
+//       memory with an 8-way bank conflict and every output element worked out its row's weights again; 1.0 us
+//       since (acc_column, store_block_result), which made the launch 1-2.6% faster on kernels.bench_decode's shapes.
 //     - The merge (S > 1): 2.75 us from a block's stores to the merged o at B = 1 with 4096 keys, an atomic and two
 //       rounds of loads, each a trip to L2. Loading the lse and o partials in one round took the step from 31.3 to
 //       30.9 us; dropping the fence every thread ran before the arrival saved 0.1-0.25 us more. Merging through
