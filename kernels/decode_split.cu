@@ -127,6 +127,26 @@
 //       while other SMs idle); held to one block per SM (more than half the shared memory asked for), the GPU could
 //       not place all clusters of 4 or more at once: 43.3 and 76.8 us (H100, 5 paired rounds). Only S = 2 gained
 //       everywhere (35.9 -> 34.4 us), a count the heuristic does not pick on these shapes.
+//     - The instructions. cuDNN's kernel for these shapes (an sm80 FlashAttention forward with 16 x 128 tiles) runs the
+//       same grid, B * Hkv blocks of 128 threads. Profiled alone (Nsight Compute, clocks not locked, medians of 5) it
+//       took about the time this one took (93.5 against 93.8 us at B = 16; 182.2 against 181.6 at B = 64), yet ran
+//       1.1-1.4% faster at B = 16 in launches timed as the benches time them, cold L2 or warm, while this kernel issued
+//       1.8 times its instructions (17.1 M against 9.6 M at B = 16). Half of them were the copies' address arithmetic:
+//       every round of copies looked its key up again (key_row: a branch, 64-bit index arithmetic, a page read when
+//       paged). One look-up per tile (load_kv_tile) took the count to 14.0 M and made the launch 0.2-1.7% faster on
+//       contiguous caches (most at batch 1), 4.5-5.7% paged and 7% with ragged lengths (outputs bit-equal; H100, 7 and
+//       9 paired rounds, kernels.bench_decode's shapes).
+//   Tried next to that and not kept (H100, 7 paired rounds, outputs bit-equal):
+//     - Fewer instructions still: copies at fixed offsets for whole tiles (no per-key test) were level (within
+//       0.5%). Skipping the mask on whole tiles below every row's causal limit, and the rescale of o when no
+//       real row's max moved, was 0.4-1.4% slower at B = 1 and 16 with the split counts held, 2-4% with ragged lengths,
+//       and 4.5-6.5% at B = 64 and on the 2 GiB shape: the kernel fell to 168 registers, so three blocks fit on an SM
+//       and the 512 blocks of those two shapes no longer ran two to an SM.
+//     - Holding the warps together with a block barrier at every step, so that none can drift ahead (measured against
+//       the kernel before the one look-up): 0.7-1.4% slower at B = 16 with 2 or 3 stages and 2.9% with 4, 9-12% at
+//       B = 64 with 2; each step now waits for the block's slowest copy.
+//     - The L2 prefetch-size hints of cp.async (.L2::128B, .L2::256B): no change. Each warp streaming one contiguous
+//       quarter of the block's range instead of every fourth tile: 3.3% slower at B = 16.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -501,22 +521,30 @@ DEVICE u32 tile_offset(int r, int c) {
 
 // One warp copies keys [key0, key0 + MMA_KEYS) of K and V into its tile buffers (cp.async, not waited for) and
 // returns the bit mask of the keys that exist: below ke and, paged, on a page inside the pool. Missing keys are
-// zero-filled and never read from memory.
+// zero-filled and never read from memory. key0 is a multiple of MMA_KEYS (the split ranges are whole block steps)
+// and a page holds at least MMA_KEYS keys, so the tile's keys are consecutive rows of one page (or of the contiguous
+// cache): one look-up gives the first row, and each round of copies steps KPR rows further. Looking each key up
+// again (a page read and 64-bit index arithmetic per round) made about half of the kernel's instructions.
 template <int D>
 DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
                         const int* __restrict__ block_table, int b, int hk, int key0, int ke, int Hkv, int cache_rows,
                         int page_shift, int max_pages, int num_pages, int lane) {
     constexpr int CPK = D / CHUNK_ELEMS;   // chunks per key
     constexpr int KPR = WARP_SIZE / CPK;   // keys per warp-wide round of copies
+    static_assert(MMA_KEYS <= 16, "a tile must fit in the smallest page (16 keys)");
+    long long row0 = 0;
+    const bool page_ok = key_row(row0, block_table, b, hk, key0, Hkv, cache_rows, page_shift, max_pages, num_pages);
+    const int c = lane % CPK;
+    const u16* k_src = k_cache + row0 * D + c * CHUNK_ELEMS;
+    const u16* v_src = v_cache + row0 * D + c * CHUNK_ELEMS;
     u32 ok_bits = 0u;
 #pragma unroll
     for (int i = 0; i < MMA_KEYS / KPR; ++i) {
-        const int r = i * KPR + lane / CPK, c = lane % CPK;
-        long long row = 0;
-        const bool ok = key0 + r < ke && key_row(row, block_table, b, hk, key0 + r, Hkv, cache_rows, page_shift,
-                                                 max_pages, num_pages);
-        cp_async_16(k_tile + tile_offset<D>(r, c), k_cache + row * D + c * CHUNK_ELEMS, ok);
-        cp_async_16(v_tile + tile_offset<D>(r, c), v_cache + row * D + c * CHUNK_ELEMS, ok);
+        const int r = i * KPR + lane / CPK;
+        const bool ok = page_ok && key0 + r < ke;
+        const int step = ok ? r * D : 0;  // a missing key keeps the tile's first address (valid), and reads nothing
+        cp_async_16(k_tile + tile_offset<D>(r, c), k_src + step, ok);
+        cp_async_16(v_tile + tile_offset<D>(r, c), v_src + step, ok);
         ok_bits |= static_cast<u32>(ok) << r;
     }
     return __reduce_or_sync(FULL_MASK, ok_bits);
