@@ -99,6 +99,10 @@ DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy c
 # The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
 MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
 MMA_KEYS = 16  # keys per warp tile
+# decode_split_mma finds a tile's first row once and steps from there, which holds because a tile never crosses a page
+if min(PAGE_SIZES) < MMA_KEYS:
+    raise RuntimeError(f"decode_split_mma needs pages of at least MMA_KEYS = {MMA_KEYS} keys; PAGE_SIZES has "
+                       f"{min(PAGE_SIZES)}")
 # One tensor-core block streams K and V through NWARPS * MMA_STAGES tile buffers (64 KB at d = 128), enough alone to
 # draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and their
 # merge). So the split heuristic counts one slot per SM for this kernel. On the H100 the counts this gives were within
