@@ -136,7 +136,7 @@
 //       paged). One look-up per tile (load_kv_tile) took the count to 14.0 M and made the launch 0.2-1.7% faster on
 //       contiguous caches (most at batch 1), 4.5-5.7% paged and 7% with ragged lengths (outputs bit-equal; H100, 7 and
 //       9 paired rounds, kernels.bench_decode's shapes).
-//   Tried next to that and not kept (H100, 7 paired rounds, outputs bit-equal):
+//   Tried next to that and not kept (H100, 7-9 paired rounds, outputs bit-equal):
 //     - Fewer instructions still: copies at fixed offsets for whole tiles (no per-key test) were level (within
 //       0.5%). Skipping the mask on whole tiles below every row's causal limit, and the rescale of o when no
 //       real row's max moved, was 0.4-1.4% slower at B = 1 and 16 with the split counts held, 2-4% with ragged lengths,
