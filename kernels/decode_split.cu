@@ -91,8 +91,9 @@
 //   each warp's copies would have to stay in flight across a boundary, and even then the gain is small: shapes whose
 //   block count is a multiple of 132 (B = 33, Hkv = 4, L = 4096: 132 blocks; B = 66, Hkv = 8, L = 2048: 528) kept
 //   0.980 and 0.984 of cuDNN's speed, as B = 16 and B = 64 did (0.980, 0.984; kernel time, 3 paired rounds, one
-//   run): with one block per SM the busy SMs already draw the whole bandwidth. Storing the cache in 8 bits halves
-//   the bytes to read.
+//   run): with one block per SM the busy SMs already draw the whole bandwidth (a plain read of 256 MiB, one slice
+//   per block of 512 threads, ran at 2.95-2.97 TB/s on 128 blocks and 2.87-2.88 on 132). Storing the cache in 8
+//   bits halves the bytes to read.
 //   Where one launch's time goes, from %globaltimer stamps in every block (an instrumented copy of this kernel as it
 //   was before the end-of-block change below, H100, d = 128, one launch; medians over blocks):
 //     B = 1, Hkv = 32, L = 4096, S = 4 (29.2 us from the first block's start to the last block's end):
@@ -150,6 +151,14 @@
 //     - A warp's copies of K and of V in two cp.async groups, so that the scores are worked out while V lands: level
 //       (within 0.7%) with 2 stages, 0.3-2.9% slower with 3. The valid-key mask worked out from ke instead of the
 //       warp's __reduce_or_sync: level (within 0.8%). A warp waiting on its copies is not what holds the kernel back.
+//     - The products transposed, so that the query rows are the N of the mma (8) instead of its M (16, of which
+//       G * Tq = 1 or 4 are real on these shapes): S^T = K Q^T with K as the A operand, P^T moved into the B layout
+//       by movmatrix, O^T += V^T P^T with V^T from ldmatrix.trans. Half the mma, half the rescale of o, 128
+//       registers instead of 196; outputs within 16-bit rounding of this kernel's, tests/test_decode_gpu.py passing
+//       with 8-row chunks. Level: 0.4-1.5% faster at B = 1, 0.0% at B = 16, and at B = 64 and 2 GiB only when held
+//       to two blocks per SM (free to take three, 5-6% slower there, as with the skip above); the freed registers
+//       spent on 3 or 4 stages, or 8 warps, were level or up to 2% slower (H100, 7 and 9 paired rounds). Rows past
+//       8 would need a second n-tile or twice the reads. The tensor cores were never what the kernel waits for.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
