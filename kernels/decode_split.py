@@ -78,11 +78,13 @@ MAX_SPLITS = 256
 CHUNK_ELEMS = 8  # 16-bit elements per 16-byte load (= CHUNK_ELEMS in decode_split.cu)
 DECODE_WARPS = 4  # warps per block of decode_split_kv
 COMBINE_WARPS = 4  # warps (= query rows) per block of decode_combine
-MMA_STAGES = 2  # tiles per warp in decode_split_mma's cp.async pipeline. On the H100, 3 were 1-2.5% slower at B = 16,
-#                B = 64 and B = 1 with 32k keys (1% faster with 4096); on an H200, whose memory is 1.4x faster, 3 were
-#                1.6-2.3% faster at B = 1 and B = 16 and level (0.3% slower) at B = 64: to cover the same latency at a
-#                higher rate, more bytes must be in flight. 8 warps of 2 stages gained 1.8% at B = 1 with 4096 keys on
-#                the H100 and lost 1.3% at B = 64 (kernels.bench_decode's first four shapes, 5 paired rounds each)
+MMA_STAGES = 2  # tiles per warp in decode_split_mma's cp.async pipeline. With the kernel as it is (one page look-up
+#                per tile), 2 are the fastest on both GPUs timed, on kernels.bench_decode's five shapes (9 paired
+#                rounds each). 3 stages: 0.8-2.5% slower on the H100, 0.6-2.7% on an H200 (whose memory is 1.4x
+#                faster), 7-8% with ragged lengths on both; 4 stages: slower still. An earlier kernel, which spent more
+#                instructions per tile, had gained 1.6-2.3% from 3 stages on the H200. 8 warps of 2 stages on the
+#                H100: level at B = 1 (+0.2% / -0.3%), 0.8-0.9% slower paged and at B = 16, B = 64 and 2 GiB, 1.2%
+#                faster with ragged lengths
 DEFINES = defines_from(DECODE_WARPS=DECODE_WARPS, COMBINE_WARPS=COMBINE_WARPS, MMA_STAGES=MMA_STAGES)
 LOG2E = 1.0 / math.log(2.0)
 # Query rows held in registers (RB) -> keys per lane per step (UNROLL): fewer rows leave registers for more loads
