@@ -157,9 +157,9 @@
 //       registers instead of 196; outputs within 16-bit rounding of this kernel's, tests/test_decode_gpu.py passing
 //       with 8-row chunks. Level: 0.4-1.5% faster at B = 1 (1.0-1.6% on an H200), 0.0% at B = 16, and at B = 64
 //       and 2 GiB only when held to two blocks per SM (free to take three, 5-6% slower there, as with the skip
-//       above); the freed registers spent on 3 or 4 stages, or 8 warps, moved it by -2.7% to +1.3%, with no shape
-//       gaining throughout (H100, 7 and 9 paired rounds; H200, 9). Rows past 8 would need a second n-tile or twice the reads. The tensor cores were
-//       never what the kernel waits for.
+//       above); the freed registers spent on 3 or 4 stages, or 8 warps, moved it by -2.7% to +1.3%, with no setting
+//       gaining on every shape (H100, 7 and 9 paired rounds; H200, 9). Rows past 8 would need a second n-tile or
+//       twice the reads. The tensor cores were never what the kernel waits for.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
