@@ -160,6 +160,16 @@
 //       above); the freed registers spent on 3 or 4 stages, or 8 warps, moved it by -2.7% to +1.3%, with no setting
 //       gaining on every shape (H100, 7 and 9 paired rounds; H200, 9). Rows past 8 would need a second n-tile or
 //       twice the reads. The tensor cores were never what the kernel waits for.
+//     - sm_90's copy engine (cp.async.bulk, completion counted on one mbarrier per stage) instead of the lanes'
+//       cp.async: one bulk copy per warp tile of K and of V (4 KB at d = 128), missing keys zero-filled by the lanes.
+//       With plain rows, the 8 row addresses of an ldmatrix fall on the same banks (8-way conflict): 4-8% slower, 19%
+//       with ragged lengths. Timed with the reads at the swizzled positions (outputs wrong: the best a swizzling
+//       tensor copy could do, which would need a tensor map built on the host) it was still 0.4-1.8% slower on every
+//       shape and 5% with ragged lengths; with 3 stages 0.7-2.9%, with 4 1.8-3.0%. One bulk copy per key row instead
+//       (256 bytes, rows padded 16 bytes so that ldmatrix is conflict-free): 6-21% slower, 34% ragged. All held to
+//       two blocks per SM as this kernel runs (4 stages: one fits), H100, 7-9 paired rounds; the row copies passed
+//       tests/test_decode_gpu.py. Two copy instructions per tile, where each lane issues 16 cp.async at d = 128:
+//       fewer instructions, and slower all the same.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
