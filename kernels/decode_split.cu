@@ -177,6 +177,8 @@
 //       driver or set to 50%, changed nothing (within 0.2%). At B = 1, fewer and deeper blocks were slower too: 2
 //       splits of 8 warps (64 blocks at 4k keys) by 0.5-1.3%, 8 warps with 3 stages by 5-15%, although a plain read of
 //       64 MiB by 64 blocks of 1024 threads is as fast as by 128 blocks of 512.
+//     - q . k summed in 2 or 4 independent chains of mma (k-steps alternating between accumulators, added at the
+//       end) instead of one chain of 8: level (within 0.2%, 9 paired rounds). The chain's latency is hidden already.
 //   Where B = 16 stands, from timing-only builds (outputs wrong) timed in one run: this kernel 89.7 us, cuDNN 89.2;
 //   without the math in the loop (copies and waits only) 88.3; without the block's end (no merge of the warps, no
 //   stores) 88.4; the kernel's copies alone (128 blocks of 4 warps, each streaming 8 KB tiles through 2 stages) 87.2,
