@@ -179,11 +179,11 @@
 //       64 MiB by 64 blocks of 1024 threads is as fast as by 128 blocks of 512.
 //     - q . k summed in 2 or 4 independent chains of mma (k-steps alternating between accumulators, added at the
 //       end) instead of one chain of 8: level (within 0.2%, 9 paired rounds). The chain's latency is hidden already.
-//   Where B = 16 stands, from timing-only builds (outputs wrong) timed in one run: this kernel 89.7 us, cuDNN 89.2;
-//   without the math in the loop (copies and waits only) 88.3; without the block's end (no merge of the warps, no
-//   stores) 88.4; the kernel's copies alone (128 blocks of 4 warps, each streaming 8 KB tiles through 2 stages) 87.2,
-//   and 86.1-86.8 with more warps, stages or blocks; kernels.timing's plain read 87.4. So the math and the end each
-//   cost about 1.3 us that the copies do not hide, and cuDNN's kernel hides 0.5 us more than this one does.
+//   Where B = 16 stands, from timing-only builds (outputs wrong) on one H100, minutes apart: this kernel 89.7 us,
+//   cuDNN 89.2; without the math in the loop (copies and waits only) 88.3; without the block's end (no merge of the
+//   warps, no stores) 88.4; the kernel's copies alone (128 blocks of 4 warps, each streaming 8 KB tiles through 2
+//   stages) 87.2, and 86.1-86.8 with more warps, stages or blocks; kernels.timing's plain read 87.4. So the math and
+//   the end each cost about 1.3 us that the copies do not hide, and cuDNN's kernel hides 0.5 us more than this one.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
