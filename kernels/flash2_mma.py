@@ -115,6 +115,11 @@ class MmaTile(NamedTuple):
 # three blocks (MIN_BLOCKS=3, 168 registers) fit only the row-by-row loop, which measured slower on an H100 (notebook
 # 06, section 7: the same grid, one run). At D=96 and D=128 the registers allow two blocks per SM whatever the cap
 # asks; D=128 uses all 255 and spills a few bytes (see the kernel's header).
+# Other tiles (BC, NWARPS, MT, MIN_BLOCKS), timed beside these and SDPA's flash kernel (H100, fp16, B=4 H=32; T = 1024
+# and 4096 causal and not, 16384 not causal; 5 paired rounds; ratios to flash), were slower on every configuration.
+# D=64 (default 1.02-1.28x flash): (32, 4, 2, 2) 0.89-1.11x, (64, 8, 2, 1) 0.90-1.03x, (32, 8, 2, 1) 0.74-0.88x.
+# D=128 (default 1.01-1.21x): (32, 4, 2, 1) 0.97-1.17x, although it needs 238 registers and spills nothing;
+# (64, 8, 2, 1) 0.88-1.00x, (32, 8, 2, 1) 0.81-0.92x, (128, 4, 1, 1) 0.56-0.70x, (64, 2, 2, 2) 0.69-0.90x.
 TILES = {
     32: MmaTile(64, 4, 2, 1),
     64: MmaTile(64, 4, 2, 2),
