@@ -96,7 +96,10 @@ ROWS_MAX = max(ROW_BUILDS)
 SPLIT_OVERHEAD_KEYS = 64
 SPLIT_TOLERANCE = 0.1  # take the fewest splits within 10% of the model's best (see choose_num_splits)
 MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel (on the H100 at B=1, Hkv=8, L=32768, 16 splits
-#                             were 3% faster than the 15 that 10% allows)
+#                             were 3% faster than the 15 that 10% allows). Forced split counts against its
+#                             choice (H100, medians of 9 rounds): B=16 and B=64 at L=4096 / 2048 (it picks 1): 2 splits
+#                             4.3% / 3.5% slower, 4 splits 7.0% / 4.1%; B=1, Hkv=8, L=32768 (it picks 16): 8
+#                             splits 7.2% slower, 32 splits 2.3%
 DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy cannot be read
 # The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
 MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
