@@ -124,6 +124,12 @@
 //   1.04 with the store alone, 1.08 with both and the early tile 0. At D=128 the early tile 0 made T=1024 slower
 //   (1.00 against 1.03 without it): at 255 registers every change to that build moves its register allocation.
 //   The same code timed twice in one run differed by up to 2 to 4% at T >= 4096; read single cells with that in mind.
+//   Tried and not kept: S = Q K^T of tile j+1 made before the softmax of tile j (K copied one tile ahead of V, the
+//   next tile's MMAs in one basic block with this tile's row maxima and shuffles), so that a warp has MMAs to issue
+//   while its shuffles are in flight. Outputs bit-equal; at D=64 on the H100 (the d = 64 rows of notebook 06's grid,
+//   fp16 and bf16, 5 paired rounds) it was 7-11% slower on the default tile, where two tiles' scores take 255 registers
+//   and spill 24 bytes, and 13-15% under the default on BC=32 (214 registers, no spill), about where the plain loop on
+//   that tile stands (0.84-0.87 in another run): the warps of the SM's other block seem to fill that gap already.
 // Registers (nvcc 13.0, sm_90, the default builds of kernels/flash2_mma.py's TILES and VARLEN_TILES)
 //   dense    D=32: 186, D=64: 254 (two blocks per SM), D=96: 254, no spills; D=128: 255 registers and 24 bytes of
 //            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
