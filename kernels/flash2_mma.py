@@ -120,6 +120,9 @@ class MmaTile(NamedTuple):
 # D=64 (default 1.02-1.28x flash): (32, 4, 2, 2) 0.89-1.11x, (64, 8, 2, 1) 0.90-1.03x, (32, 8, 2, 1) 0.74-0.88x.
 # D=128 (default 1.01-1.21x): (32, 4, 2, 1) 0.97-1.17x, although it needs 238 registers and spills nothing;
 # (64, 8, 2, 1) 0.88-1.00x, (32, 8, 2, 1) 0.81-0.92x, (128, 4, 1, 1) 0.56-0.70x, (64, 2, 2, 2) 0.69-0.90x.
+# More warps per SM at D=64, in a second run (default 1.00-1.27x): (64, 4, 2, 3, ILP=True) 0.95-1.21x (the fused
+# loop under the 168-register cap, 48 bytes of spill), (32, 4, 2, 3) 0.88-1.08x (row by row), (64, 4, 1, 3)
+# 0.80-1.09x, (64, 4, 1, 4) 0.83-1.18x. At D=128, (64, 4, 2, 2) compiles to the same 255 registers and ran level.
 TILES = {
     32: MmaTile(64, 4, 2, 1),
     64: MmaTile(64, 4, 2, 2),
