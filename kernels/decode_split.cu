@@ -188,6 +188,8 @@
 //   warps, no stores) 88.4; the kernel's copies alone (128 blocks of 4 warps, each streaming 8 KB tiles through 2
 //   stages) 87.2, and 86.1-86.8 with more warps, stages or blocks; kernels.timing's plain read 87.4. So the math and
 //   the end each cost about 1.3 us that the copies do not hide, and cuDNN's kernel hides 0.5 us more than this one.
+//   How far apart the two are depends on the machine: in paired rounds (kernels.bench_decode's B = 16 shape, 7 to 9
+//   rounds each) seven H100 machine starts gave this kernel 0.994-1.001 of cuDNN's speed, six of them below 1.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
