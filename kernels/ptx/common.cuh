@@ -1,0 +1,29 @@
+// ptx/common.cuh -- what every PTX header and kernel file shares: short integer names, the DEVICE shorthand, a
+// shared-memory address and 2^x on the special-function unit.
+//
+// Copy this folder (kernels/ptx/) with any kernel file that includes it, and put its parent on the include path
+// (nvcc -I kernels, NVRTC -I<kernels>): kernel files include the headers as "ptx/NAME.cuh". Every function here is
+// one instruction or one conversion, force-inlined: a wrapper costs nothing over writing the asm in place.
+#ifndef COURSE_PTX_COMMON_CUH
+#define COURSE_PTX_COMMON_CUH
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef DEVICE
+#define DEVICE __device__ __forceinline__
+#endif
+
+// The 32-bit shared-window address of a pointer into shared memory: what ldmatrix, cp.async, mbarrier and TMA take.
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// 2^x with one MUFU.EX2 (ex2.approx.ftz.f32: relative error about 2^-22, subnormal results flushed to 0, 2^-inf = 0).
+// exp2f() compiles to the same instruction plus a fix-up for results below 2^-126, which softmax never needs.
+DEVICE float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#endif  // COURSE_PTX_COMMON_CUH
