@@ -111,7 +111,7 @@ def test_variant_is_deterministic_run_to_run(gpu, name):
 def test_flash2_mma_both_grid_orders(gpu, poison, head_major, causal, Tq, Tk, d):
     """flash2_mma's two grid orders (grid_order picks one per problem, so the grid above meets only one of them
     under a causal mask): o and lse against float64, several query tiles and heads."""
-    from kernels import flash2_mma
+    from kernels.flash import flash2_mma
 
     cp = gpu
     _, dev = _inputs(cp, "float16", Tq, Tk, d, 1.0, seed=Tq + Tk + d)
@@ -130,7 +130,7 @@ def test_flash2_mma_two_loops_agree_bit_for_bit(gpu, poison, dtype, causal, Tq, 
     """flash2_mma's ILP loop (unmasked tiles first, the rows' softmax side by side) and its row-by-row loop on the
     same tile: both within the tolerance of float64, and the same o and lse to the bit (the kernel's header says
     the arithmetic and its order are the same; a difference would mean they are not)."""
-    from kernels import flash2_mma
+    from kernels.flash import flash2_mma
 
     cp = gpu
     _, dev = _inputs(cp, dtype, Tq, Tk, d, 1.0, seed=Tq + 3 * Tk + d)

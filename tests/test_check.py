@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import reference as R
-from kernels import check
-from kernels.check import ELEMENT_FACTOR, TOLERANCES
+from kernels.core import check
+from kernels.core.check import ELEMENT_FACTOR, TOLERANCES
 
 try:
     import ml_dtypes

@@ -1,4 +1,4 @@
-"""16-bit cuBLAS attention (kernels/cublas_half.py): llm.c v5/v6, the half softmax, the permutes, bad input.
+"""16-bit cuBLAS attention (kernels/cublas/cublas_half.py): llm.c v5/v6, the half softmax, the permutes, bad input.
 
 forward() itself is on the registry grid of tests/test_attention_gpu.py (cublas_fp16, cublas_bf16).
 """
@@ -8,7 +8,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import cublas_half as CH
+from kernels.cublas import cublas_half as CH
 from reference import llmc
 
 HALF = ["float16", "bfloat16"]

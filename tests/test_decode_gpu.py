@@ -15,7 +15,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import decode_append, decode_ft, decode_split
+from kernels.inference import decode_append, decode_ft, decode_split
 
 VARIANTS = sorted(kernels.DECODE_REGISTRY)
 BASES = [  # B, Hq, Hkv, Tq, lengths, Tmax

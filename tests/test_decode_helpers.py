@@ -5,8 +5,8 @@ import math
 import pytest
 
 import kernels
-from kernels import decode_ft, decode_split
-from kernels.decode_split import choose_num_splits
+from kernels.inference import decode_ft, decode_split
+from kernels.inference.decode_split import choose_num_splits
 
 
 def test_decoding_variants_are_registered_by_their_modules():

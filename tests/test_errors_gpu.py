@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import kernels
-import kernels._core as core
-from kernels import naive
-from kernels import softmax as S
+from kernels import core
+from kernels.basics import naive
+from kernels.basics import softmax as S
 
 VARIANTS_BY_NAME = kernels.tested_variants()  # REGISTRY and STAGING
 VARIANTS = sorted(VARIANTS_BY_NAME)
@@ -74,7 +74,7 @@ def test_old_gpu_gets_a_clear_error(gpu, name, monkeypatch):
 
     v = VARIANTS_BY_NAME[name]
     dev = core.current_device()
-    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(7, 5)))
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(7, 5)))
     core.clear_launch_caches()  # a launch prepared by an earlier test was checked against the real GPU
     need = f"{v.min_cc[0]}.{v.min_cc[1]}"
     with pytest.raises(kernels.UnsupportedDeviceError, match=rf"compute capability >= {need}.* has 7\.5"):
@@ -85,7 +85,7 @@ def test_shared_memory_over_the_device_limit(gpu, monkeypatch):
     import dataclasses
 
     dev = core.current_device()
-    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), smem_optin=100 * 1024))
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), smem_optin=100 * 1024))
     with pytest.raises(ValueError, match=r"needs 200000 bytes of shared memory.*at most 102400"):
         core.check_shared_memory(200_000, "a test kernel")
     # a kernel configured on a GPU with less shared memory than its build needs says so at its first launch

@@ -6,8 +6,8 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import flash1 as F1
-from kernels import flash2 as F2
+from kernels.flash import flash1 as F1
+from kernels.flash import flash2 as F2
 
 SWEEP_TILES = {64: [(128, 64, 8, 8), (64, 64, 8, 8), (128, 64, 4, 8), (32, 64, 4, 8), (64, 32, 4, 4), (128, 32, 8, 4)],
                128: [(128, 64, 8, 4), (64, 64, 4, 8), (32, 32, 4, 4)]}

@@ -1,4 +1,4 @@
-"""The Triton FlashAttention-2 (kernels/flash2_triton.py): gradients against the float64 reference, the autograd
+"""The Triton FlashAttention-2 (kernels/pytorch/flash2_triton.py): gradients against the float64 reference, the autograd
 Function, the opt-in autotune, streams and bad input. Its forward is also in tests/test_attention_gpu.py's grid.
 
 Needs a GPU, torch and Triton. CPU CI has neither torch nor Triton, so these tests skip there (with the reason);
@@ -13,7 +13,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import flash2_triton as F
+from kernels.pytorch import flash2_triton as F
 
 
 @pytest.fixture(scope="session")  # session, like `gpu`: so that it is set up (and skips) before `gpu`

@@ -1,4 +1,4 @@
-"""kernels/flash2_wmma.py: the errors of its own limits, the head sizes between builds, every sweep tile (GPU).
+"""kernels/flash/flash2_wmma.py: the errors of its own limits, the head sizes between builds, every sweep tile (GPU).
 
 The generic grid (tests/test_attention_gpu.py) and the generic error tests (tests/test_errors_gpu.py) cover
 flash2_wmma through the registry; this file covers what is particular to it.
@@ -9,7 +9,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import flash2_wmma as W
+from kernels.flash import flash2_wmma as W
 
 DTYPES = list(W.CTYPES)
 

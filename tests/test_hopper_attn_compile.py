@@ -1,7 +1,7 @@
-"""kernels/hopper_attn.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
+"""kernels/hopper/hopper_attn.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
 
-The same builds as the launcher's (NVRTC, sm_90a: the non-causal tilings of kernels.hopper_attn.TILES with each of the
-four schedules of kernels.hopper_attn.SCHEDULES, and the causal tilings with the default schedule), disassembled with
+The same builds as the launcher's (NVRTC, sm_90a: the non-causal tilings of kernels.hopper.hopper_attn.TILES with each of the
+four schedules of kernels.hopper.hopper_attn.SCHEDULES, and the causal tilings with the default schedule), disassembled with
 cuobjdump (see tests/test_hopper_compile.py for where the tools come from). Per entry point (dtype x D), N being the
 build's key-tile width for that D, with c = 2 copies of each product when the schedule overlaps (the pipelined loop
 has a prologue with S = Q K^T and a tail with O += P V) and c = 1 otherwise:
@@ -25,7 +25,8 @@ import subprocess
 
 import pytest
 
-from kernels import _core, hopper_attn as A
+from kernels import core
+from kernels.hopper import hopper_attn as A
 from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
 
 ARCH = "sm_90a"
@@ -56,11 +57,11 @@ def cubin(tmp_path_factory, build):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
     causal, schedule = build
-    source = _core.kernel_path(A.KERNEL_FILE).read_text()
+    source = core.kernel_path(A.KERNEL_FILE).read_text()
     tiles = build_tiles(causal)
-    options = (_core.NVRTC_OPTIONS + A.tiles_defines(64, tiles[64]) + A.tiles_defines(128, tiles[128])
+    options = (core.NVRTC_OPTIONS + A.tiles_defines(64, tiles[64]) + A.tiles_defines(128, tiles[128])
                + A.SCHEDULES[schedule])
-    data, log = _core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
+    data, log = core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
     assert "warning" not in log.lower(), f"{A.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper_attn") / "hopper_attn_sm_90a.cubin"
     path.write_bytes(data)
@@ -135,7 +136,7 @@ def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
 
 
 def test_constants_agree_with_the_kernel():
-    source = _core.kernel_path(A.KERNEL_FILE).read_text()
+    source = core.kernel_path(A.KERNEL_FILE).read_text()
     assert "Q_BYTES + STAGES * STAGE_BYTES + SMEM_ALIGN" in source
     for (D, causal), t in A.TILES.items():
         assert A.smem_bytes(D, t) == (t.block_m + t.stages * 2 * t.block_n) * D * 2 + 1024 <= 227 * 1024
@@ -166,7 +167,7 @@ def test_registry_entry():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 def test_nvcc_builds_sm90a_without_spills(tmp_path):
-    cu = _core.kernel_path(A.KERNEL_FILE)
+    cu = core.kernel_path(A.KERNEL_FILE)
     cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--resource-usage",
            "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)  # the .cu defaults: overlap and ping-pong on

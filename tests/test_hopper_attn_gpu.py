@@ -1,7 +1,7 @@
-"""kernels/hopper_attn.py on a Hopper GPU: the four schedules and the other tilings against the float64 reference.
+"""kernels/hopper/hopper_attn.py on a Hopper GPU: the four schedules and the other tilings against the float64 reference.
 
-tests/test_attention_gpu.py runs the attention grid on the default builds (kernels.hopper_attn.default_tiles, overlap
-and ping-pong on, persistent CTAs without the causal mask). Here every build of kernels.hopper_attn.SCHEDULES (overlap
+tests/test_attention_gpu.py runs the attention grid on the default builds (kernels.hopper.hopper_attn.default_tiles, overlap
+and ping-pong on, persistent CTAs without the causal mask). Here every build of kernels.hopper.hopper_attn.SCHEDULES (overlap
 on/off x ping-pong on/off), both launches (a CTA per SM walking the work tiles, a CTA per work tile) and the default
 schedule with the tilings the launcher does not pick by default (176- and 192-key tiles under the causal mask, a
 third ring slot, ...) get the shapes that stress the parts they change: one K/V tile (the pipelined loop is only its
@@ -19,7 +19,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import hopper_attn as A
+from kernels.hopper import hopper_attn as A
 
 # (B, H, Tq, Tk, d, causal, dtype, scale): what each case exercises
 CASES = [

@@ -1,6 +1,6 @@
-"""kernels/hopper_gemm.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
+"""kernels/hopper/hopper_gemm.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
 
-The launcher compiles the file with NVRTC for the architecture-specific target sm_90a (kernels._core.compile_cubin;
+The launcher compiles the file with NVRTC for the architecture-specific target sm_90a (kernels.core.compile_cubin;
 CuPy's RawModule would compile for the generic sm_90, which has no wgmma). Here the same build runs on a CPU-only
 machine (NVRTC from the cuda-bindings wheel) and its CUBIN is disassembled with cuobjdump from the
 nvidia-cuda-cuobjdump wheel (or a CUDA toolkit's) to check what the GPU will run:
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import _core, hopper_gemm as H
+from kernels import core
+from kernels.hopper import hopper_gemm as H
 
 ARCH = "sm_90a"
 
@@ -45,7 +46,7 @@ def _tool(name):
 
 def _nvrtc_available():
     """NVRTC from CuPy (GPU machines) or from the cuda-bindings wheel (what compile_cubin uses)."""
-    if _core.cp is not None:
+    if core.cp is not None:
         return True
     try:
         return importlib.util.find_spec("cuda.bindings.nvrtc") is not None
@@ -57,8 +58,8 @@ def _nvrtc_available():
 def cubin(tmp_path_factory):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    source = _core.kernel_path(H.KERNEL_FILE).read_text()
-    data, log = _core.compile_cubin(source, H.KERNEL_FILE, ARCH, _core.NVRTC_OPTIONS + H.DEFINES)
+    source = core.kernel_path(H.KERNEL_FILE).read_text()
+    data, log = core.compile_cubin(source, H.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + H.DEFINES)
     assert "warning" not in log.lower(), f"{H.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper") / "hopper_gemm_sm_90a.cubin"
     path.write_bytes(data)
@@ -170,8 +171,8 @@ def test_generic_sm90_build_has_no_wgmma(cuobjdump, tmp_path):
     compiled out, and the kernels are stubs that trap."""
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    source = _core.kernel_path(H.KERNEL_FILE).read_text()
-    data, _ = _core.compile_cubin(source, H.KERNEL_FILE, "sm_90", _core.NVRTC_OPTIONS + H.DEFINES)
+    source = core.kernel_path(H.KERNEL_FILE).read_text()
+    data, _ = core.compile_cubin(source, H.KERNEL_FILE, "sm_90", core.NVRTC_OPTIONS + H.DEFINES)
     path = tmp_path / "generic.cubin"
     path.write_bytes(data)
     text = _run(cuobjdump, "-sass", str(path))
@@ -181,7 +182,7 @@ def test_generic_sm90_build_has_no_wgmma(cuobjdump, tmp_path):
 
 def test_constants_agree_with_the_kernel():
     """The launcher's shared-memory request is the .cu file's SMEM_BYTES formula, and the kernel's tile shape."""
-    source = _core.kernel_path(H.KERNEL_FILE).read_text()
+    source = core.kernel_path(H.KERNEL_FILE).read_text()
     assert "STAGES * STAGE_BYTES + SMEM_ALIGN" in source
     assert H.SMEM_BYTES == H.STAGES * (H.BLOCK_M + H.BLOCK_N) * H.BLOCK_K * 2 + 1024 <= 227 * 1024
     assert "m64n256k16" in source and H.BLOCK_N == 256 and H.BLOCK_K * 2 == 128
@@ -192,14 +193,14 @@ def test_constants_agree_with_the_kernel():
 def test_compile_error_carries_the_log():
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    with pytest.raises(_core.CompileError, match=r"broken\.cu \(sm_90a\) does not compile:\n.*undefined"):
-        _core.compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken.cu", ARCH)
+    with pytest.raises(core.CompileError, match=r"broken\.cu \(sm_90a\) does not compile:\n.*undefined"):
+        core.compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken.cu", ARCH)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 def test_nvcc_builds_sm90a_without_spills(tmp_path):
     """The file alone, as a reader would build it: nvcc -gencode=arch=compute_90a,code=sm_90a (ptxas's own report)."""
-    cu = _core.kernel_path(H.KERNEL_FILE)
+    cu = core.kernel_path(H.KERNEL_FILE)
     cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--resource-usage",
            "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""kernels/hopper_gemm.py on a Hopper GPU: C = A B^T (wgmma + TMA) against a float64 NumPy product.
+"""kernels/hopper/hopper_gemm.py on a Hopper GPU: C = A B^T (wgmma + TMA) against a float64 NumPy product.
 
 Shapes include tiles cut by every edge (M, N, K not multiples of 128, 256, 64), K over many ring passes, more tiles
 than SMs (the persistent loop), N whose C rows are not 16-byte aligned (the epilogue's element-by-element stores) and
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import kernels
-import kernels._core as core
-from kernels import hopper_gemm as H
+from kernels import core
+from kernels.hopper import hopper_gemm as H
 
 DTYPES = ["float16", "bfloat16"]
 
@@ -90,7 +90,7 @@ def test_new_arrays_of_the_same_shape(hopper, poison):
 def test_matches_cublas(hopper):
     """Against cuBLAS's gemmStridedBatchedEx on the same 16-bit inputs (both sum in float32)."""
     cp = hopper
-    from kernels.cublas_attention import _qk_gemm
+    from kernels.cublas.cublas_attention import _qk_gemm
 
     a, b, _ = _inputs(cp, (4,), 256, 512, 128, "float16", seed=5)
     c = H.gemm_abt(a, b)
@@ -156,7 +156,7 @@ def test_layout_errors(gpu):
 @pytest.mark.parametrize("cc", [(8, 0), (8, 9)])
 def test_pre_hopper_gpu_gets_a_clear_error(gpu, monkeypatch, cc):
     dev = core.current_device()
-    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=cc))
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=cc))
     with pytest.raises(kernels.UnsupportedDeviceError, match=rf"compute capability >= 9\.0.* has {cc[0]}\.{cc[1]}"):
         H.gemm_abt(*_pair(gpu))
 
@@ -164,7 +164,7 @@ def test_pre_hopper_gpu_gets_a_clear_error(gpu, monkeypatch, cc):
 def test_post_hopper_gpu_gets_a_clear_error(gpu, monkeypatch):
     """An sm_90a CUBIN does not load on Blackwell (10.x, 12.x): say so rather than fail inside the driver."""
     dev = core.current_device()
-    monkeypatch.setitem(core._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(10, 0)))
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(10, 0)))
     with pytest.raises(kernels.UnsupportedDeviceError, match=r"sm_90a .* compute capability 9\.x only.* has 10\.0"):
         H.gemm_abt(*_pair(gpu))
 

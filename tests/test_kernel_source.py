@@ -4,9 +4,9 @@ import re
 import pytest
 
 import kernels
-from kernels import _core
+from kernels import core
 
-CU_FILES = sorted(p.name for p in _core.kernel_path("naive.cu").parent.glob("*.cu"))
+CU_FILES = sorted(p.name for p in core.KERNEL_DIR.rglob("*.cu") if p.parent.name != "examples")
 GLOBAL = re.compile(r"__global__\s+(?:void|__launch_bounds__\([^)]*\)\s*void)\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
 
 

@@ -1,4 +1,5 @@
-"""The launch path of kernels._core.Kernel: arguments packed once per signature and handed to cuLaunchKernel.
+"""The launch path of kernels.core (Kernel calls and prepared Launches): arguments packed into one buffer laid out
+once per signature and handed to cuLaunchKernel.
 
 The layout of the packed buffer must be the C ABI's layout of the kernel's parameters (each at its natural
 alignment), or the kernel reads garbage. The CPU test checks the offsets against ctypes' own struct layout (the
@@ -12,7 +13,8 @@ import struct
 import numpy as np
 import pytest
 
-from kernels import _core
+from kernels import core
+from kernels.core import launch
 
 CTYPES = {"i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": ctypes.c_uint64,
           "f": ctypes.c_float, "d": ctypes.c_double, "h": ctypes.c_int16, "H": ctypes.c_uint16,
@@ -21,7 +23,7 @@ CTYPES = {"i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64, "Q": c
 
 @pytest.mark.parametrize("codes", ["QQQQQiiifii", "iQ", "fdi", "bQhq", "?iQ", "Qq", "i", "HBdQ"])
 def test_packed_offsets_follow_the_c_abi(codes):
-    plan = _core._ParamPlan(list(codes), ())
+    plan = launch._ArgBuffer(list(codes))
     fields = [(f"a{i}", CTYPES[c]) for i, c in enumerate(codes)]
     layout = type("Params", (ctypes.Structure,), {"_fields_": fields})
     base = ctypes.addressof(plan.buf)
@@ -34,14 +36,15 @@ def test_packed_offsets_follow_the_c_abi(codes):
         assert CTYPES[c].from_address(plan.params[i]).value == v
 
 
-def test_unknown_argument_types_fall_back_to_cupys_launch():
-    assert _core._param_plan((int, np.int32)) is None  # a Python int: CuPy decides how to pass it
-    assert _core._param_plan((np.int32, np.float32)).fmt == "@if"
+def test_argument_types_without_a_c_type_are_refused():
+    with pytest.raises(TypeError, match=r"kernel argument 0 is a builtins.int; pass CuPy arrays and NumPy scalars"):
+        launch._arg_buffer((int, np.int32))  # a Python int says nothing of its C type (int32? int64?)
+    assert launch._arg_buffer((np.int32, np.float32)).fmt == "@if"
 
 
 def test_fast_and_cupy_launch_write_the_same(gpu):
     cp = gpu
-    kern = _core.get_kernel("timing.cu", "flush_l2")
+    kern = core.get_kernel("timing.cu", "flush_l2")
     fn = kern.raw.kernel  # CuPy's own launch of the same function
     for n, value in ((1, 7), (1000, 0xDEADBEEF), (4097, 3)):
         a = cp.zeros(5000, dtype=cp.uint32)
@@ -49,13 +52,13 @@ def test_fast_and_cupy_launch_write_the_same(gpu):
         args_a = (a, np.int64(n), np.uint32(value))  # pointer, 8-byte int, 4-byte int
         kern((2,), (256,), args_a)
         fn((2,), (256,), (b, np.int64(n), np.uint32(value)))
-        assert _core._PLANS[tuple(map(type, args_a))] is not None  # the packed path was taken
+        assert launch._BUFFERS[tuple(map(type, args_a))] is not None  # the packed path was taken
         assert bool((a == b).all()) and int(a[n - 1]) == value and int(a[n]) == 0
 
 
 def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
     cp = gpu
-    kern = _core.get_kernel("timing.cu", "flush_l2")
+    kern = core.get_kernel("timing.cu", "flush_l2")
     x = cp.zeros(1 << 16, dtype=cp.uint32)
     streams = []
 
@@ -67,7 +70,7 @@ def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
             streams.append(args[8])
             return cp.cuda.driver.launchKernel(*args)
 
-    monkeypatch.setattr(_core, "_driver", Recorder())
+    monkeypatch.setattr(launch, "_driver", Recorder())
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         kern((64,), (256,), (x, np.int64(x.size), np.uint32(5)))
@@ -76,13 +79,16 @@ def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
     cp.cuda.Device().synchronize()
     assert streams == [s.ptr, cp.cuda.get_current_stream().ptr] and streams[0] != streams[1]
     assert int(x.min()) == 6
+    kern((64,), (256,), (x, np.int64(x.size), np.uint32(7)), stream=s.ptr)  # an explicit stream (torch's, say)
+    s.synchronize()
+    assert streams[-1] == s.ptr and int(x.min()) == 7
 
 
 def test_flash2_mma_grid_order_rule():
     """flash2_mma.grid_order: head-major without a mask, for large K+V and for grids of many waves; heads fastest under a
     causal mask while K and V of all heads fit in HEADS_FASTEST_MAX_KV_L2 times the L2 and the grid is at most
     HEADS_FASTEST_MAX_WAVES waves (both boundaries included)."""
-    from kernels import flash2_mma as M
+    from kernels.flash import flash2_mma as M
 
     l2 = 50 * 2**20
     assert M.grid_order(False, 96, 1024, 64, 2, l2, 2.9)  # no mask: head-major whatever the size
@@ -100,7 +106,7 @@ def test_flash2_mma_grid_order_rule():
 def test_flash2_mma_loop_rule():
     """MmaTile.loop mirrors the kernel's IlpBuild: the ILP loop where the register cap 65536 / (threads MIN_BLOCKS)
     reaches ILP_MIN_REGS, unless the tile's ILP forces one; a forced loop reaches the compiler as -DILP_MODE."""
-    from kernels import flash2_mma as M
+    from kernels.flash import flash2_mma as M
 
     assert all(t.loop == "ILP" for t in (*M.TILES.values(), *M.VARLEN_TILES.values()))
     assert M.MmaTile(64, 4, 2, 3).loop == "row by row"  # 170 registers a thread: below the threshold
@@ -118,7 +124,7 @@ def test_flash2_mma_loop_rule():
 def test_flash2_mma_fused_rule():
     """MmaTile.loop_for mirrors the kernel's FusedBuild: an ILP build with D <= FUSED_MAX_D runs the fused loop, which
     reaches the compiler as -DFUSED_MAX_D; a row-by-row build stays row by row at any D."""
-    from kernels import flash2_mma as M
+    from kernels.flash import flash2_mma as M
 
     assert "-DFUSED_MAX_D=%d" % M.FUSED_MAX_D in M.DEFINES
     assert [M.TILES[D].loop_for(D) for D in M.HEAD_DIMS] == ["fused ILP", "fused ILP", "ILP", "ILP"]
@@ -128,22 +134,22 @@ def test_flash2_mma_fused_rule():
 
 
 def test_prepared_launch_matches_kernel_call(gpu):
-    """_core.Launch (pointers packed per call, constants packed once) writes what a Kernel call writes."""
+    """core.Launch (pointers packed per call, constants packed once) writes what a Kernel call writes."""
     cp = gpu
-    kern = _core.get_kernel("timing.cu", "flush_l2")
-    dev = _core.current_device()
+    kern = core.get_kernel("timing.cu", "flush_l2")
+    dev = core.current_device()
     for n, value in ((1, 7), (1000, 0xDEADBEEF), (4097, 3)):
-        launch = _core.Launch(kern, (2,), (256,), 0, 1, (np.int64(n), np.uint32(value)), dev)
+        prepared = core.Launch(kern, (2,), (256,), 0, 1, (np.int64(n), np.uint32(value)), dev)
         a = cp.zeros(5000, dtype=cp.uint32)
         b = cp.zeros(5000, dtype=cp.uint32)
-        launch(cp.cuda.get_current_stream().ptr, a.data.ptr)
+        prepared(cp.cuda.get_current_stream().ptr, a.data.ptr)
         kern((2,), (256,), (b, np.int64(n), np.uint32(value)))
         assert bool((a == b).all()) and int(a[n - 1]) == value and int(a[n]) == 0
     with pytest.raises(TypeError, match="Launch takes NumPy scalars after the pointers; got int"):
-        _core.Launch(kern, (1,), (32,), 0, 1, (5,), dev)
+        core.Launch(kern, (1,), (32,), 0, 1, (5,), dev)
 
 
-FAST = ("flash2_fp32", "flash2_wmma", "flash2_mma")  # the launchers that go through _core.attention_launch
+FAST = ("flash2_fp32", "flash2_wmma", "flash2_mma")  # the launchers that go through core.attention_launch
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -184,17 +190,18 @@ def test_prepared_calls_still_check_every_call(gpu, name):
 
 
 def test_blocks_per_sm_is_the_most_that_fit(gpu):
-    """_core.blocks_per_sm of flash2_mma's default builds: that many blocks fit an SM's registers, shared memory and
+    """core.blocks_per_sm of flash2_mma's default builds: that many blocks fit an SM's registers, shared memory and
     threads, one more does not (or 32 is reached); grid_waves of exactly that many blocks per SM is one wave."""
     import kernels
-    from kernels import _core, flash2_mma as M
+    from kernels import core
+    from kernels.flash import flash2_mma as M
 
     info = kernels.device_info()
     for D in (64, 128):
         b = M.build(D, None, "float16")
-        n = _core.blocks_per_sm(b.kernel, b.threads, b.smem)
+        n = core.blocks_per_sm(b.kernel, b.threads, b.smem)
         attrs = b.kernel.raw.attributes
-        regs = _core.ceil_div(attrs["num_regs"] * 32, 256) * 256 * (b.threads // 32)  # per block
+        regs = core.ceil_div(attrs["num_regs"] * 32, 256) * 256 * (b.threads // 32)  # per block
         smem = attrs["shared_size_bytes"] + b.smem + 1024
         fits = lambda m: m * regs <= 65536 and m * smem <= info.smem_optin + 1024 and m * b.threads <= 2048  # noqa
         assert 1 <= n <= 32 and fits(n) and (n == 32 or not fits(n + 1))

@@ -5,7 +5,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import naive
+from kernels.basics import naive
 
 
 @pytest.mark.parametrize("B,T,NH,hs", [(1, 1, 1, 8), (2, 7, 3, 16), (2, 64, 4, 32), (1, 100, 2, 64)])

@@ -34,17 +34,21 @@ def test_notebook_is_stored_executed(path):
     assert not errors, f"stored error outputs: {errors}"
 
 
+KERNEL_FILES = sorted(p for p in (ROOT / "kernels").rglob("*.cu") if p.parent.name != "examples")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_kernel_files_exist(path):
+    names = {p.name for p in (ROOT / "kernels").rglob("*.cu*")}
     text = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
-    for name in re.findall(r"[\"']([A-Za-z0-9_]+\.cu)[\"']", text):
-        assert (ROOT / "kernels" / name).is_file(), f"{path.name} loads kernels/{name}, which does not exist"
+    for name in re.findall(r"[\"']([A-Za-z0-9_]+\.cuh?)[\"']", text):
+        assert name in names, f"{path.name} loads the kernel file {name}, which does not exist below kernels/"
 
 
 def test_every_kernel_is_taught():
     text = " ".join(p.read_text() for p in NOTEBOOKS)
-    for cu in (ROOT / "kernels").glob("*.cu"):
-        assert cu.name in text, f"kernels/{cu.name} is not shown in any notebook"
+    for cu in KERNEL_FILES:
+        assert cu.name in text, f"{cu.relative_to(ROOT)} is not shown in any notebook"
 
 
 def test_registry_variants_point_at_notebooks():
@@ -58,22 +62,26 @@ def test_registry_variants_point_at_notebooks():
 
 
 def test_every_launcher_module_is_imported_and_registered():
-    """Each kernels/NAME.cu has its launcher kernels/NAME.py, kernels/__init__.py imports it (so its variants
-    exist whenever the package is imported), and a launcher with a forward() registers at least one variant."""
+    """Each kernel file kernels/<folder>/NAME.cu is claimed by one launcher of its folder (KERNEL_FILE = "NAME.cu", or
+    NAME.cu in KERNEL_FILES), the folder's __init__.py imports that launcher (so its variants exist whenever the
+    package is imported), and a launcher with a forward() registers at least one variant."""
     import kernels
 
-    for cu in sorted((ROOT / "kernels").glob("*.cu")):
-        name = f"kernels.{cu.stem}"
-        assert (ROOT / "kernels" / f"{cu.stem}.py").is_file(), f"kernels/{cu.name} has no launcher kernels/{cu.stem}.py"
-        assert name in sys.modules, f"{name} is not imported by kernels/__init__.py, so nothing it registers exists"
-        module = sys.modules[name]
-        assert getattr(module, "KERNEL_FILE", None) == cu.name, f"{name}.KERNEL_FILE must name {cu.name}"
-        if callable(getattr(module, "forward", None)):
-            assert any(v.module == name for v in kernels.tested_variants().values()), \
-                f"{name} has a forward() but registers no variant (register(Variant(..., module=__name__)))"
+    for cu in KERNEL_FILES:
+        folder = cu.parent.relative_to(ROOT / "kernels").as_posix().replace("/", ".")
+        claimed = [name for name, module in sys.modules.items()
+                   if name.startswith(f"kernels.{folder}.") and (getattr(module, "KERNEL_FILE", None) == cu.name
+                                                                or cu.name in getattr(module, "KERNEL_FILES", ()))]
+        assert len(claimed) == 1, f"{cu.relative_to(ROOT)} must be claimed by one imported launcher of its folder " \
+                                  f"(KERNEL_FILE or KERNEL_FILES); found {claimed}"
     for v in kernels.tested_variants().values():
         assert v.module in sys.modules and v.forward.__module__ == v.module, \
             f"variant {v.name} says module={v.module!r}; its forward lives in {v.forward.__module__}"
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kernels.") and callable(getattr(module, "forward", None)) and \
+                getattr(module, "KERNEL_FILE", None):
+            assert any(v.module == name for v in kernels.tested_variants().values()), \
+                f"{name} has a forward() but registers no variant (register(Variant(..., module=__name__)))"
 
 
 def test_the_repository_stands_alone():

@@ -1,4 +1,4 @@
-"""kernels/sampling.py against the float64 reference (reference/sampling.py), on the GPU.
+"""kernels/sampling/sampling.py against the float64 reference (reference/sampling.py), on the GPU.
 
 What "equal" means here. The GPU computes in float32, the reference in float64, so two things can differ, and
 only where rounding decides. The kept set: both keep a prefix of the ranking, and its length may differ only
@@ -25,7 +25,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import sampling as SM
+from kernels.sampling import sampling as SM
 
 MARGIN = 1e-5  # relative distance to a boundary below which float32 and float64 may disagree
 ALPHA_Z = 3.0902  # the standard normal's 1 - 1e-3 quantile (Wilson-Hilferty for the chi-square critical value)

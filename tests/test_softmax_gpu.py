@@ -5,7 +5,7 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import softmax as S
+from kernels.basics import softmax as S
 
 COLS = [1, 3, 4, 31, 32, 100, 1024, 4099, 8192, 40000]  # 40000 > 512 threads * 32 cached floats
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import timing
+from kernels.core import timing
 
 
 def test_kernel_time_is_at_least_what_the_kernel_waits(gpu):
@@ -126,7 +126,7 @@ def test_compare_and_sustained_on_the_gpu(gpu):
 def test_bench_sampling_times_a_shape_in_one_compare_and_pairs_the_speedup(monkeypatch):
     """Each of ours and each of torch's (the top-k peer once for its two rows) in the same rounds; the speedup is the
     median of the rounds' ratios (3, 1, 3 -> 3), not the ratio of the median rounds (3 / 2)."""
-    from kernels import bench_sampling as BS
+    from kernels.bench import sampling as BS
 
     names = [("ours", m) for m, _, _ in BS.PAIRS] + [("torch", t) for t in dict.fromkeys(p[2] for p in BS.PAIRS)]
     times = {n: [1.0, 2.0, 3.0] if n[0] == "ours" else [3.0, 2.0, 9.0] for n in names}
@@ -148,7 +148,7 @@ def test_bench_sampling_times_a_shape_in_one_compare_and_pairs_the_speedup(monke
 
 def test_bench_triton_table_shows_the_paired_ratio():
     """"vs flash" is the row's paired ratio from measure(), not SDPA flash's median round over the row's."""
-    from kernels import bench_triton as BT
+    from kernels.bench import triton as BT
 
     shape = dict(B=4, H=32, T=4096, d=64, causal=False, direction="forward")
     rows = [dict(shape, name="flash2_triton", kernel_ms=2.0, call_ms=2.1, tflops=1.0, ratio_sdpa_flash=3.0),

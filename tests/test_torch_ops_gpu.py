@@ -1,4 +1,4 @@
-"""The backward kernels and the PyTorch custom operators of kernels/torch_ops.py (notebook 12), on the GPU.
+"""The backward kernels and the PyTorch custom operators of kernels/pytorch/torch_ops.py (notebook 12), on the GPU.
 
 - flash2_mma_bwd (launcher level): dq, dk, dv against the float64 reference (reference/backward.py) for ragged T,
   Tq != Tk both ways, causal and not (rows that see no key: exactly zero gradients), every head-size build
@@ -21,7 +21,9 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the custo
 
 import kernels  # noqa: E402
 import reference as R  # noqa: E402
-from kernels import flash2_mma, flash2_mma_bwd, softmax, softmax_bwd, torch_ops  # noqa: E402
+from kernels.flash import flash2_mma, flash2_mma_bwd
+from kernels.basics import softmax, softmax_bwd
+from kernels.pytorch import torch_ops  # noqa: E402
 
 DTYPES = ("float16", "bfloat16")
 # (B, H, Tq, Tk, d, causal, magnitude): ragged lengths, Tq < Tk and Tq > Tk (causal: rows that see no key), every

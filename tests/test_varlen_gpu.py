@@ -1,4 +1,4 @@
-"""Padding removal and varlen attention on the GPU (kernels/varlen.cu, flash2_mma.cu's varlen kernel) against the
+"""Padding removal and varlen attention on the GPU (kernels/inference/varlen.cu, flash2_mma.cu's varlen kernel) against the
 float64 / NumPy reference (reference/varlen.py): the block scan against cupy.cumsum, cu_seqlens and ranks from masks,
 gather/scatter round trips for any row size, varlen attention for empty and one-token sequences, one long sequence
 beside many short ones, Tq != Tk, causal and not, every head-size build, fp16 and bf16, fused-QKV views, clamping
@@ -9,7 +9,8 @@ import pytest
 
 import kernels
 import reference as R
-from kernels import flash2_mma, varlen
+from kernels.flash import flash2_mma
+from kernels.inference import varlen
 
 INT32_MAX = 2**31 - 1
 

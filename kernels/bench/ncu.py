@@ -1,0 +1,152 @@
+"""Profile flash2_mma next to SDPA's flash kernel (FlashAttention-2), or hopper_fa3 next to cuDNN's, with Nsight Compute.
+
+    python3 -m kernels.bench.ncu > results/h100-ncu.txt
+    python3 -m kernels.bench.ncu --hopper > results/h100-ncu-hopper.txt
+
+fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
+duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
+printed. flash2_mma runs twice per d: with the kernel's row-by-row loop on the tile that was the default before the
+ILP loop ("row loop", the "before" of notebook 06, section 7) and with the default build ("default": the ILP loop
+at d=128, the fused ILP loop at d=64). Notebook 06 shows
+the table recorded on the H100 (results/h100-ncu.txt). With --hopper: hopper_fa3 (kernels/hopper/hopper_attn.cu) and SDPA's
+cuDNN backend, once each per d, with the Hopper rows added (wgmma's tensor-pipe activity, memory throughput); notebook
+13 shows results/h100-ncu-hopper.txt. Needs `ncu` on the PATH.
+"""
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STALLS = ["wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle", "mio_throttle",
+          "not_selected", "dispatch_stall", "no_instruction", "lg_throttle"]
+METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "launch__registers_per_thread": "registers/thread",
+    "sm__warps_active.avg.per_cycle_active": "active warps/SM",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active %",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue slots busy %",
+    "smsp__inst_executed.sum": "instructions executed",
+    **{f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s} (cycles/issue)" for s in STALLS},
+}
+KERNELS = "regex:flash2_mma_forward|flash_fwd_kernel"
+# The "before" build per d: the row-by-row loop on the tile that was the default before the ILP loop.
+ROW_LOOP_TILES = {64: (64, 4, 2, 3, False), 128: (64, 4, 2, 1, False)}
+COLUMNS = [f"{n} d={d}" for d in (64, 128) for n in ("mma row loop", "mma default", "SDPA flash")]
+
+
+def launch():
+    """The profiled process: each kernel once per d (SDPA's backend is tried, then run: keep its first launch)."""
+    sys.path.insert(0, str(ROOT))
+    import cupy as cp
+
+    import reference as R
+    from kernels import flash2_mma as M
+    from kernels.bench import sdpa_peer
+
+    for d in (64, 128):
+        q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
+        M.forward(q, k, v, causal=False, tile=ROW_LOOP_TILES[d])
+        M.forward(q, k, v, causal=False)
+        sdpa_peer("sdpa_flash", q, k, v, False)  # launches the flash kernel once, to check that it runs
+    cp.cuda.Device().synchronize()
+
+
+# --hopper: hopper_fa3 against cuDNN's fused attention. On the H100 the tensor pipe's "hmma" cycle counter also counts
+# wgmma's cycles (hopper_fa3 has no mma.sync at all, yet reads about 70%); wgmma instructions have a counter of their
+# own. The stall reasons of a warp-specialised kernel mix the producer's waits (one thread) with the consumers'.
+HOPPER_METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "launch__registers_per_thread": "registers/thread",
+    "launch__block_size": "threads/block",
+    "launch__grid_size": "blocks",
+    "sm__warps_active.avg.per_cycle_active": "active warps/SM",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active %",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum": "wgmma instructions (per warp)",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue slots busy %",
+    "smsp__inst_executed.sum": "instructions executed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM throughput %",
+    "lts__t_sector_hit_rate.pct": "L2 hit rate %",
+    **{f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s} (cycles/issue)" for s in STALLS},
+}
+HOPPER_KERNELS = "regex:hopper_attn|cudnn|sdpa"
+
+
+def launch_hopper():
+    sys.path.insert(0, str(ROOT))
+    import cupy as cp
+
+    import reference as R
+    from kernels import hopper_attn as A
+    from kernels.bench import sdpa_peer
+
+    for d in (64, 128):
+        q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
+        A.forward(q, k, v, causal=False)
+        sdpa_peer("sdpa_cudnn", q, k, v, False)  # launches cuDNN's kernel once, to check that it runs
+    cp.cuda.Device().synchronize()
+
+
+def profile(kernels, metrics, flag):
+    """Run this module under ncu with `flag` (the launching side); return (header, units, one row per kernel)."""
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "-k", kernels, "--metrics", ",".join(metrics),
+           sys.executable, "-m", "kernels.bench.ncu", flag]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    rows = list(csv.reader(io.StringIO(out[out.index('"ID"'):])))
+    return rows[0], rows[1], [r for r in rows[2:] if r and r[0].isdigit()]
+
+
+def print_table(head, units, data, names, metrics):
+    print(f"{'metric':46s}" + "".join(f"{n:>19s}" for n in names))
+    for key, label in metrics.items():
+        if key not in head:  # a metric this GPU or ncu version does not have
+            print(f"{label:46s}" + "".join(f"{'n/a':>19s}" for _ in data))
+            continue
+        i = head.index(key)
+        unit = units[i].strip()
+        label = f"{label} [{unit}]" if unit and unit != "%" else label
+        cells = []
+        for r in data:
+            try:
+                x = float(r[i].replace(",", ""))
+                cells.append(f"{x:19.4g}")
+            except ValueError:
+                cells.append(f"{r[i]:>19s}")
+        print(f"{label:46s}" + "".join(cells))
+    print("kernels: " + "; ".join(r[head.index("Kernel Name")][:48] for r in data))
+
+
+def main():
+    head, units, data = profile(KERNELS, METRICS, "--launch")
+    kinds = ["mma" if "flash2_mma" in r[head.index("Kernel Name")] else "SDPA" for r in data]
+    if len(data) != len(COLUMNS) or kinds != [c.split()[0] for c in COLUMNS]:
+        raise RuntimeError(f"expected the launches {COLUMNS}, got kernels {kinds}")
+    print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one launch of each kernel; command:")
+    print(f"  ncu --clock-control none --csv --page raw -k '{KERNELS}' --metrics <the metrics below> "
+          "python3 -m kernels.bench.ncu --launch")
+    print_table(head, units, data, COLUMNS, METRICS)
+
+
+def main_hopper():
+    head, units, data = profile(HOPPER_KERNELS, HOPPER_METRICS, "--launch-hopper")
+    kinds = ["ours" if "hopper_attn" in r[head.index("Kernel Name")] else "cuDNN" for r in data]
+    if kinds != ["ours", "cuDNN", "ours", "cuDNN"]:  # launch order: ours then cuDNN's, d = 64 first
+        raise RuntimeError(f"expected one launch each of hopper_fa3 and cuDNN per d, got kernels {kinds}")
+    names = [f"{kind} d={(64, 128)[i // 2]}" for i, kind in enumerate(kinds)]
+    print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one launch of each kernel; command:")
+    print(f"  ncu --clock-control none --csv --page raw -k '{HOPPER_KERNELS}' --metrics <the metrics below> "
+          "python3 -m kernels.bench.ncu --launch-hopper")
+    print_table(head, units, data, names, HOPPER_METRICS)
+
+
+if __name__ == "__main__":
+    if "--launch" in sys.argv:
+        launch()
+    elif "--launch-hopper" in sys.argv:
+        launch_hopper()
+    elif "--hopper" in sys.argv:
+        main_hopper()
+    else:
+        main()

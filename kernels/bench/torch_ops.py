@@ -1,0 +1,248 @@
+"""Time the backward kernels and the PyTorch custom operators beside torch's own: `python3 -m kernels.bench.torch_ops`.
+
+1. Attention backward, float16, B=4 H=32, T in TS, d in {64, 128}, causal and not: our flash2_mma_bwd (its three
+   launches, outputs and workspace preallocated) against torch SDPA's flash and cuDNN backends, each timed as
+   torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
+   backends of one shape side by side in ROUNDS rounds (kernels.compare). TFLOP/s use the backward convention: 2.5 x
+   the forward's 4 B H Tq Tk d (halved for causal). A backend that refuses is recorded with its reason.
+2. The masked softmax by lengths, float32, forward and backward: our operators against torch's masked_fill + softmax
+   (the mask made once, outside the timing) and torch's softmax backward followed by the masked_fill of the gradient,
+   at a BERT-like shape (12 heads x 16 sequences x 128 queries, rows of 128) and a long-row shape (2048 rows of 16384);
+   every case of one shape side by side in ROUNDS rounds (kernels.compare).
+3. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
+   directly, and torch's own SDPA call.
+
+    kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
+                     median round of the comparison's ROUNDS rounds (`rounds ms`: the kernel ms of every round)
+    call ms          one call on an idle GPU, host time included
+    TFLOP/s          backward FLOPs per second of kernel time
+    vs flash, vs cuDNN   SDPA flash's (cuDNN's) kernel time / ours within a round, the median over the rounds
+                     (kernels.paired_ratio; above 1: ours is faster)
+    ours faster by   the softmax's: this row's kernel time / ours within a round, the median over the rounds
+
+Results go to results/bench-torch.json, numbers as numbers.
+
+    python3 -m kernels.bench.torch_ops                   # T = 1024, 4096, 16384 (T = 16384 dominates the run)
+    python3 -m kernels.bench.torch_ops --T 1024 4096     # a shorter run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+from ..core import format_table, gpu_name, gpu_unavailable_reason
+from ..core import cp
+from ..core.timing import compare, host_overhead_us, paired_ratio
+
+ROOT = Path(__file__).resolve().parents[2]
+B, H = 4, 32
+TS = (1024, 4096, 16384)
+DS = (64, 128)
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+SOFTMAX_SHAPES = {"bert": (12 * 16 * 128, 128), "long_rows": (2048, 16384)}
+HOST_SHAPE = (1, 2, 16, 64)
+ROUNDS = 3  # rounds of kernels.compare per comparison: ours and torch's timed once per round, side by side
+
+
+def backward_flops(T: int, d: int, causal: bool) -> float:
+    from ..flash.flash2_mma_bwd import backward_flops as f
+
+    return f(B, H, T, T, d, causal)
+
+
+def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..flash import flash2_mma, flash2_mma_bwd
+
+    rows = []
+    for T in Ts:
+        for d in Ds:
+            gen = torch.Generator("cuda").manual_seed(T + d)
+            q, k, v, do = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16, generator=gen)
+                           for _ in range(4))
+            for causal in (False, True):
+                flops = backward_flops(T, d, causal)
+                fns, notes = {}, {}
+                # ours: the launcher on CuPy views of the same tensors, outputs and workspace preallocated
+                cq, ck, cv, cdo = (cp.from_dlpack(t) for t in (q, k, v, do))
+                o, lse = flash2_mma.forward(cq, ck, cv, causal=causal, return_lse=True)
+                dq, dk, dv = cp.empty_like(cq), cp.empty_like(ck), cp.empty_like(cv)
+                ws = cp.empty(flash2_mma_bwd.workspace_elements(B, H, T, d), dtype=cp.float32)
+
+                def ours():
+                    flash2_mma_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal, dq=dq, dk=dk, dv=dv, workspace=ws)
+
+                fns["ours"] = ours
+                for name, backend in SDPA_BACKENDS.items():
+                    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+                    try:
+                        with sdpa_kernel(getattr(SDPBackend, backend)):
+                            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+
+                        def peer(out=out, qg=qg, kg=kg, vg=vg):
+                            torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+                        peer()  # a backend may refuse the backward too: before the timing, not in it
+                        fns[name] = peer
+                    except RuntimeError as e:
+                        notes[name] = f"not run: {str(e).splitlines()[0][:120]}"
+                    finally:
+                        del qg, kg, vg
+                        out = None
+                times = compare(fns, rounds=ROUNDS, **bench_kw)
+                del o, lse, dq, dk, dv, ws, fns
+                for impl in ("ours", *SDPA_BACKENDS):
+                    row = {"impl": impl, "T": T, "d": d, "causal": causal}
+                    t = times.get(impl)
+                    if t is None:
+                        row["note"] = notes[impl]
+                    else:
+                        row.update({"kernel ms": t.ms, "spread %": 100 * (t.max_ms - t.min_ms) / t.ms,
+                                    "call ms": t.call_ms, "TFLOP/s": t.tflops(flops)})
+                        for col, p in (("vs flash", "sdpa_flash"), ("vs cuDNN", "sdpa_cudnn")):
+                            row[col] = paired_ratio(t, times[p]) if p in times else None
+                        row["rounds ms"] = list(t.rounds)
+                    rows.append(row)
+                torch.cuda.synchronize()
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_softmax(bench_kw) -> list[dict]:
+    import torch
+
+    from ..pytorch import torch_ops
+
+    rows = []
+    for label, (R, C) in SOFTMAX_SHAPES.items():
+        gen = torch.Generator("cuda").manual_seed(R + C)
+        x = torch.randn(R, C, device="cuda", generator=gen)
+        dy = torch.randn(R, C, device="cuda", generator=gen)
+        lengths = torch.randint(1, C + 1, (R,), device="cuda", generator=gen, dtype=torch.int32)
+        mask = torch.arange(C, device="cuda")[None, :] >= lengths[:, None]  # True: padding
+        y = torch_ops.masked_softmax(x, lengths)
+        nbytes = {"forward": 2 * R * C * 4, "backward": 3 * R * C * 4}
+        cases = {
+            ("forward", "ours"): lambda: torch.ops.course.masked_softmax(x, lengths),
+            ("forward", "torch masked_fill+softmax"): lambda: torch.softmax(x.masked_fill(mask, -math.inf), -1),
+            ("backward", "ours"): lambda: torch.ops.course.masked_softmax_bwd(y, dy, lengths),
+            ("backward", "torch softmax_backward+masked_fill"):
+                lambda: torch._softmax_backward_data(dy, y, -1, torch.float32).masked_fill_(mask, 0.0),
+        }
+        if hasattr(torch, "_masked_softmax"):
+            cases[("forward", "torch._masked_softmax (fused)")] = lambda: torch._masked_softmax(x, mask, 1, 2)
+        fns, notes = {}, {}
+        for case, fn in cases.items():
+            try:
+                fn()  # one that this torch refuses is recorded, not timed
+                torch.cuda.synchronize()
+                fns[case] = fn
+            except RuntimeError as e:
+                notes[case] = f"not run: {str(e).splitlines()[0][:120]}"
+        times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
+        for direction, impl in cases:
+            row = {"shape": label, "rows": R, "cols": C, "direction": direction, "impl": impl}
+            t, ours = times.get((direction, impl)), times.get((direction, "ours"))
+            if t is None:
+                row["note"] = notes[(direction, impl)]
+            else:
+                row.update({"kernel ms": t.ms, "call ms": t.call_ms, "GB/s": nbytes[direction] / (t.ms * 1e-3) / 1e9,
+                            "ours faster by": paired_ratio(ours, t) if ours is not None else None,
+                            "rounds ms": list(t.rounds)})
+            rows.append(row)
+        del x, dy, y, mask, cases, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_host() -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from ..flash import flash2_mma
+    from ..pytorch import torch_ops
+
+    q, k, v = (torch.randn(*HOST_SHAPE, device="cuda", dtype=torch.float16) for _ in range(3))
+    cq, ck, cv = (cp.from_dlpack(t) for t in (q, k, v))
+    x = torch.randn(8, 64, device="cuda")
+    lengths = torch.full((8,), 40, dtype=torch.int32, device="cuda")
+    from ..basics import softmax
+
+    cx, cl = cp.from_dlpack(x), cp.from_dlpack(lengths)
+    scale = 1 / math.sqrt(HOST_SHAPE[-1])
+    return {
+        "attention op (torch_ops.attention)": host_overhead_us(lambda: torch_ops.attention(q, k, v)),
+        "the op's body, no dispatcher (flash_attn_fwd_impl)":
+            host_overhead_us(lambda: torch_ops.flash_attn_fwd_impl(q, k, v, False, scale)),
+        "flash2_mma.forward launcher (CuPy arrays)": host_overhead_us(lambda: flash2_mma.forward(cq, ck, cv)),
+        "tensor -> CuPy: cupy.from_dlpack(tensor)": host_overhead_us(lambda: cp.from_dlpack(q)),
+        "tensor -> CuPy: torch_ops.to_cupy (no handshake)": host_overhead_us(lambda: torch_ops.to_cupy(q)),
+        "torch SDPA call": host_overhead_us(lambda: F.scaled_dot_product_attention(q, k, v)),
+        "masked_softmax op": host_overhead_us(lambda: torch_ops.masked_softmax(x, lengths)),
+        "softmax.masked_softmax launcher (CuPy arrays)": host_overhead_us(lambda: softmax.masked_softmax(cx, cl)),
+    }
+
+
+def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
+        command: str | None = None) -> dict:
+    bench_kw = bench_kw or {}
+    result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": "float16", "backward_flops": "2.5 x forward",
+              "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if "backward" in parts:
+        result["backward"] = bench_backward(Ts, Ds, bench_kw)
+    if "softmax" in parts:
+        result["softmax"] = bench_softmax(bench_kw)
+    if "host" in parts:
+        result["host_overhead_us"] = bench_host()
+    if out_path is not None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def summary(result: dict) -> str:
+    """The tables as text."""
+    parts = [f"GPU: {result['gpu']}"]
+    if "backward" in result:
+        parts.append(format_table(result["backward"], ["impl", "T", "d", "causal", "kernel ms", "call ms", "TFLOP/s",
+                                                       "vs flash", "vs cuDNN", "note"]))
+    if "softmax" in result:
+        parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
+                                                      "ours faster by", "note"]))
+    if "host_overhead_us" in result:
+        parts.append("\n".join(f"{k:52s} {v:7.1f} us" for k, v in result["host_overhead_us"].items()))
+    return "\n\n".join(parts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, nargs="+", default=list(TS))
+    p.add_argument("--d", type=int, nargs="+", default=list(DS))
+    p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])
+    p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
+    args = p.parse_args(argv)
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
+        return 1
+    command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
+    result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command)
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

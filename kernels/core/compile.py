@@ -1,0 +1,212 @@
+"""Compiling a kernel file: finding it by its bare name, NVRTC through CuPy (once per process), and CUBINs for
+architecture-specific targets (sm_90a) compiled by NVRTC directly.
+
+Kernel files live in the chapter folders of kernels/ (kernels/flash/flash2_mma.cu, ...) and are named by their
+bare file name everywhere ("flash2_mma.cu"): the names are unique across the folders, and `kernel_path` finds them.
+The small PTX headers in kernels/ptx/ are included as "ptx/NAME.cuh", so every build passes -I<kernels/>
+(`NVRTC_OPTIONS`); CuPy's compile cache keys on the source text and the options only, so `kernel_text` appends
+the hash of every header a file includes, and a change to a header rebuilds the files that include it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .device import cp, require_gpu
+
+KERNEL_DIR = Path(__file__).resolve().parents[1]  # kernels/
+
+# The one place where NVRTC options live. No fast-math: the float32 kernels are held to 1e-5. -I<kernels/> finds
+# the PTX headers ("ptx/mma_sync.cuh").
+NVRTC_OPTIONS = ("--std=c++17", f"-I{KERNEL_DIR}")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_header_options() -> tuple[str, ...]:
+    """("-I<dir>",) for a CUDA include directory that holds crt/mma.h, or () if none is found.
+
+    A kernel that includes <mma.h> (flash2_wmma.cu) needs "crt/mma.h" too. CuPy points NVRTC at the headers
+    of the nvidia-cuda-runtime wheel, which hold mma.h but not crt/ (that comes with the compiler, or with the
+    nvidia-cuda-crt wheel). So look for crt/mma.h in the wheels, then in the CUDA toolkit; NVRTC searches -I
+    directories in order after the including file's own directory. tests/test_compile.py uses this too.
+    """
+    candidates = []
+    try:
+        import nvidia.cu13 as wheel  # the CUDA 13 wheels' shared include directory
+
+        candidates += [Path(p) / "include" for p in wheel.__path__]
+    except ImportError:
+        pass
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    try:
+        candidates.append(Path(cp.cuda.get_cuda_path()) / "include")
+    except Exception:  # no CuPy, or CuPy found no toolkit
+        pass
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for inc in candidates:
+        if (inc / "crt" / "mma.h").is_file():
+            return (f"-I{inc}",)
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_files() -> dict:
+    """{bare file name: path} of every .cu and .cuh below kernels/; a name used twice is an error."""
+    files: dict = {}
+    for path in sorted(KERNEL_DIR.rglob("*.cu*")):
+        if path.suffix not in (".cu", ".cuh"):
+            continue
+        rel = path.relative_to(KERNEL_DIR).as_posix()
+        if path.suffix == ".cu" and path.name in files:
+            raise RuntimeError(f"two kernel files are named {path.name}: {files[path.name]} and {path}")
+        files.setdefault(path.name, path)
+        files[rel] = path
+    return files
+
+
+def kernel_path(filename: str) -> Path:
+    """The path of a kernel file named by its bare name ("flash2_mma.cu") or by its path below kernels/
+    ("flash/flash2_mma.cu", "ptx/mma_sync.cuh")."""
+    path = _kernel_files().get(filename)
+    if path is None:
+        raise FileNotFoundError(f"no kernel file {filename!r} below {KERNEL_DIR}")
+    return path
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def _included_headers(path: Path, seen: dict) -> dict:
+    """{header path: its text} of every quoted #include of `path` found in its own folder or below kernels/,
+    followed recursively."""
+    for name in _INCLUDE.findall(path.read_text()):
+        for base in (path.parent, KERNEL_DIR):
+            header = (base / name).resolve()
+            if header.is_file():
+                if header not in seen:
+                    seen[header] = header.read_text()
+                    _included_headers(header, seen)
+                break
+    return seen
+
+
+def kernel_text(filename: str) -> str:
+    """The source of a kernel file as the compilers get it: the file's text, then one comment line holding the hash
+    of the headers it includes (so that a compile cache keyed on the source sees a change in a header)."""
+    path = kernel_path(filename)
+    source = path.read_text()
+    headers = _included_headers(path, {})
+    if not headers:
+        return source
+    digest = hashlib.sha256("\0".join(f"{p.name}\0{t}" for p, t in sorted(headers.items())).encode()).hexdigest()
+    return f"{source}\n// included headers: {digest[:16]}\n"
+
+
+def defines_from(**constants) -> tuple[str, ...]:
+    """("-DNAME=VALUE", ...): how a launcher hands the sizes it relies on to its .cu file (one source of truth)."""
+    return tuple(f"-D{name}={int(value)}" for name, value in constants.items())
+
+
+@functools.lru_cache(maxsize=None)
+def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = (),
+                arch: str | None = None):
+    """Compile the kernel file `filename` with NVRTC through CuPy, once per process, and return the RawModule.
+
+    `defines` are extra "-DNAME=VALUE" (or -I) options; `name_expressions` list template instantiations
+    (for example "flash_fwd<64>") that the caller will fetch with module.get_function.
+    `arch` (for example "sm_90a") compiles for that architecture instead of CuPy's choice for the current GPU: the
+    CUBIN of compile_cubin, cached on disk, loaded with RawModule(path=...); extern "C" kernels only.
+    """
+    require_gpu()
+    source = kernel_text(filename)
+    options = NVRTC_OPTIONS + tuple(defines)
+    if arch is not None:
+        if name_expressions:
+            raise ValueError(f"{filename}: a build for arch={arch!r} loads extern \"C\" kernels only "
+                             f"(no name_expressions)")
+        return cp.RawModule(path=os.fspath(_cached_cubin(filename, source, arch, options)))
+    module = cp.RawModule(code=source, options=options, name_expressions=name_expressions or None)
+    module.compile()
+    return module
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel file; the message holds NVRTC's log."""
+
+
+def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> tuple[bytes, str]:
+    """(CUBIN, NVRTC's log) of CUDA `source` compiled with NVRTC for the one real architecture `arch` ("sm_90a").
+
+    For kernels that need an architecture-specific target, such as Hopper's wgmma and setmaxnreg (sm_90a): CuPy's
+    RawModule puts its own -arch for the current GPU after the caller's options, so such a file is compiled here and
+    CuPy loads the CUBIN (load_module(..., arch=...)). NVRTC is CuPy's own where CuPy is installed, and otherwise the
+    cuda-bindings wheel's (the CPU compile tests): no GPU is needed to compile. Raises CompileError with the log.
+    """
+    opts = [f"--gpu-architecture={arch}", *options]
+    if cp is not None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        prog = nvrtc.createProgram(source, name, (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, opts)
+            except nvrtc.NVRTCError as e:
+                raise CompileError(f"{name} ({arch}) does not compile:\n{nvrtc.getProgramLog(prog)}") from e
+            return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog).strip("\x00 \n")
+        finally:
+            nvrtc.destroyProgram(prog)
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{name}: nvrtcCreateProgram failed: {err}")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log = log.decode(errors="replace").strip("\x00 \n")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"{name} ({arch}) does not compile:\n{log}")
+        _, size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _nvrtc_version() -> str:
+    if cp is not None:
+        from cupy_backends.cuda.libs import nvrtc
+
+        return "cupy-nvrtc-%d.%d" % nvrtc.getVersion()
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"cuda-bindings-nvrtc-{major}.{minor}"
+
+
+def _cached_cubin(filename: str, source: str, arch: str, options: tuple) -> Path:
+    """The CUBIN of the kernel file `filename` for `arch`, compiled once and kept in CuPy's kernel cache directory
+    ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) under a hash of the source, options, arch and NVRTC version."""
+    key = hashlib.sha256("\0".join((source, arch, *options, _nvrtc_version())).encode()).hexdigest()[:20]
+    cache = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()
+    path = cache / f"{Path(filename).stem}_{arch}_{key}.cubin"
+    if not path.is_file():
+        cubin, _ = compile_cubin(source, filename, arch, options)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)  # atomic: another process never reads half a file
+    return path

@@ -1,0 +1,176 @@
+"""Finding the GPU and what the launchers need to know about it, read once per process and per device.
+
+This module imports without CuPy, so that CPU-only machines can import the launchers, read their constants and
+run the compile tests; anything that touches a GPU goes through `current_device()` or `require_gpu()` first,
+which raise GPUNotAvailableError with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+
+try:  # CuPy is only needed on a machine with a GPU.
+    import cupy as cp
+except ImportError:  # pragma: no cover - exercised on CPU-only machines
+    cp = None
+
+try:  # registers NumPy's "bfloat16" dtype, which CuPy's bfloat16 arrays use (CuPy >= 14)
+    import ml_dtypes  # noqa: F401
+except ImportError:  # pragma: no cover - float16/float32 work without it
+    ml_dtypes = None
+
+# Every kernel of the course needs at least Ampere (sm_80) unless its registry entry says otherwise: cp.async, bf16
+# and mma.m16n8k16.
+DEFAULT_MIN_CC = (8, 0)
+
+DEFAULT_SHARED_LIMIT = 48 * 1024  # shared memory (static + dynamic) a block may use without opting in
+MAX_GRID_X = 2**31 - 1  # the launch limits of every CUDA GPU since compute capability 3.0
+MAX_GRID_YZ = 65535
+INT32_MAX = 2**31 - 1
+
+
+class GPUNotAvailableError(RuntimeError):
+    """Raised when a GPU launcher is called where no CUDA GPU (or no CuPy) is found."""
+
+
+class UnsupportedDeviceError(RuntimeError):
+    """Raised when the current GPU is older than a kernel's minimum compute capability."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Is there a GPU? Which one? (asked once per process / per device)
+# ---------------------------------------------------------------------------------------------
+
+def _driver_library_loads() -> bool:
+    """True where the NVIDIA driver's user-space library (libcuda) can be loaded."""
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+_GPU_OK = False  # set once a GPU has been found; a GPU does not disappear while a process runs
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None where a CUDA GPU can be used through CuPy, otherwise a sentence saying why not."""
+    global _GPU_OK
+    if _GPU_OK:
+        return None
+    if cp is None:
+        return "CuPy is not installed (pip install cupy-cuda13x, or cupy-cuda12x for a CUDA 12 driver)"
+    if not _driver_library_loads():
+        return "no NVIDIA driver / no GPU (the driver library libcuda cannot be loaded on this machine)"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # a driver without a device, a driver older than CuPy's CUDA, ...
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
+    if n == 0:
+        return "no NVIDIA GPU (the driver reports 0 devices)"
+    _GPU_OK = True
+    return None
+
+
+def require_gpu() -> None:
+    if not _GPU_OK:
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            raise GPUNotAvailableError(reason)
+
+
+def current_device() -> int:
+    """The id of the current CUDA device (one cudaGetDevice call once a GPU has been found)."""
+    if not _GPU_OK:
+        require_gpu()
+    return cp.cuda.runtime.getDevice()
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the launchers need to know about one GPU, read once."""
+    id: int
+    name: str
+    cc: tuple  # (major, minor)
+    sm_count: int
+    smem_optin: int  # bytes of shared memory one block may use after opting in (227 KB on an H100)
+    l2_bytes: int
+
+
+_DEVICE_INFO: dict[int, DeviceInfo] = {}
+
+
+def device_info(dev: int | None = None) -> DeviceInfo:
+    """The DeviceInfo of device `dev` (default: the current one), read from the driver on first use."""
+    if dev is None:
+        dev = current_device()
+    info = _DEVICE_INFO.get(dev)
+    if info is None:
+        d = cp.cuda.Device(dev)
+        attrs = d.attributes
+        props = cp.cuda.runtime.getDeviceProperties(dev)
+        name = props["name"]
+        cc = d.compute_capability  # e.g. "90"
+        info = DeviceInfo(id=dev, name=name.decode() if isinstance(name, bytes) else str(name),
+                          cc=(int(cc[:-1]), int(cc[-1])), sm_count=int(attrs["MultiProcessorCount"]),
+                          smem_optin=int(attrs["MaxSharedMemoryPerBlockOptin"]), l2_bytes=int(attrs["L2CacheSize"]))
+        _DEVICE_INFO[dev] = info
+    return info
+
+
+def device_compute_capability() -> tuple[int, int]:
+    """(major, minor) of the current device."""
+    return device_info().cc
+
+
+def gpu_name() -> str:
+    return device_info().name
+
+
+def max_shared_memory_optin() -> int:
+    """Bytes of shared memory one block may use once it opts in (227 KB on an H100)."""
+    return device_info().smem_optin
+
+
+def blocks_per_sm(kernel, threads: int, dynamic_smem: int = 0, dev: int | None = None) -> int | None:
+    """How many blocks of a compiled Kernel (`threads` threads, `dynamic_smem` bytes of dynamic shared memory each) an
+    SM holds at once, limited by registers, shared memory and threads, from the kernel's attributes; None where CuPy
+    does not report them. Registers go to a warp 256 at a time; the driver keeps 1 KB of shared memory per block, and
+    an SM has the per-block opt-in limit plus that 1 KB (228 KB on an H100)."""
+    try:
+        attrs = kernel.raw.attributes
+        regs, smem = int(attrs["num_regs"]), int(attrs["shared_size_bytes"]) + int(dynamic_smem)
+    except (AttributeError, KeyError, TypeError):  # pragma: no cover - a CuPy without these attributes
+        return None
+    warps = ceil_div(threads, 32)
+    regs_per_warp = ceil_div(max(regs, 1) * 32, 256) * 256
+    by_regs = 65536 // (regs_per_warp * warps)
+    by_smem = (device_info(dev).smem_optin + 1024) // (smem + 1024)
+    by_threads = 2048 // (warps * 32)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def check_compute_capability(min_cc: tuple[int, int], what: str, dev: int | None = None) -> None:
+    """Raise UnsupportedDeviceError naming `what`, the device's capability and the minimum."""
+    info = device_info(dev)
+    if info.cc < tuple(min_cc):
+        raise UnsupportedDeviceError(
+            f"{what} needs a GPU of compute capability >= {min_cc[0]}.{min_cc[1]}; "
+            f"this GPU ({info.name}) has {info.cc[0]}.{info.cc[1]}"
+        )
+
+
+def check_shared_memory(nbytes: int, what: str, dev: int | None = None) -> None:
+    """Raise ValueError when `nbytes` of shared memory per block is more than this GPU allows."""
+    limit = max_shared_memory_optin() if dev is None else device_info(dev).smem_optin
+    if nbytes > limit:
+        raise ValueError(f"{what} needs {nbytes} bytes of shared memory per block; this GPU allows at most {limit}")

@@ -1,0 +1,910 @@
+// flash2_mma.cu -- FlashAttention-2 forward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
+//
+// What it computes
+//   O[b, h] = softmax(scale * Q[b, h] K[b, h]^T + mask) V[b, h], and optionally the log-sum-exp of each row,
+//   for 16-bit inputs (float16 or bfloat16) with float32 accumulation. Causal masking is bottom-right aligned:
+//   query i sees key j when j <= i + Tk - Tq. A query row that sees no key gives 0 (lse = -inf).
+//
+// Where it sits in the course
+//   flash2.cu        the FA2 loop on CUDA cores (float32 FMA, 4x8 register micro-tiles).
+//   flash2_wmma.cu   the same loop with S = Q K^T and O += P V on tensor cores through nvcuda::wmma; the
+//                    softmax must go through shared memory, because a wmma fragment does not say which
+//                    element of the tile a register holds.
+//   this file        the layouts ARE documented at the PTX level (mma.sync), so the softmax runs on the
+//                    accumulator registers and P is reused as the A operand of P V without leaving them.
+//
+// Algorithm (one thread block = BR query rows of one (b, h); NWARPS warps, each owns 16*MT whole rows)
+//   load Q tile -> shared (cp.async)            ; m = -inf, l = 0, O = 0 in registers
+//   prefetch K, V tile 0 -> stage 0 (cp.async; fused builds: K with Q in one group, V in the next)
+//   for each key tile j (causal: only tiles that hold a visible key):
+//       wait for tile j; __syncthreads (the one barrier per tile: it also frees the stage of tile j-1)
+//       prefetch K, V tile j+1 -> that other stage (cp.async; it lands while this tile computes)
+//       S = Q K^T                : ldmatrix Q (A operand) and K (B operand), mma.sync into float32 registers
+//       mask keys >= Tk and, if causal, keys after the diagonal (-inf)
+//       m~ = c * rowmax S, c = scale * log2(e) > 0 : 4 threads share a row; two shuffles
+//       if m~ > m + 8: m' = m~, else m' = m  (lazy rescaling: the base moves only when p could exceed 2^8)
+//       P = exp2(c * S - m')     : one FMA and one ex2.approx per score, in place in the S registers
+//       l = l*exp2(m-m') + rowsum P ; O *= exp2(m - m') (skipped by a warp none of whose rows moved)
+//       O += P V                 : P converted to 16 bits in registers = the A fragments; V by ldmatrix.trans
+//   O /= l (the 4 threads of a row sum their partial l first); O (16-bit) through the warp's own rows of sQ to
+//   global memory in 16-byte chunks; lse = ln2 * (m + log2 l)
+//
+// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4; PTX ISA "Matrix Fragments for mma.m16n8k16")
+//
+//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
+//        cols 0..7     cols 8..15        k rows 0..7 | 8..15      cols 2t, 2t+1
+//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
+//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
+//
+//   The C layout of S = Q K^T (two 16x8 tiles side by side: keys 0..7 and 8..15) is, element for element,
+//   the A layout of P for P V (one 16x16 tile: keys 0..15): c0,c1 of tile 0 -> a0; c2,c3 of tile 0 -> a1;
+//   c0,c1 of tile 1 -> a2; c2,c3 of tile 1 -> a3. So P never leaves the registers.
+//
+// Warp layout of one block (BR = 16 * MT * NWARPS rows; the default builds have NWARPS = 4, MT = 2)
+//
+//            K/V tile j: BC keys, shared by all warps
+//          +-------------------------------------------+
+//   warp 0 | rows   0 .. 16MT-1  : S (16MT x BC) in registers, O (16MT x D) in registers
+//   warp 1 | rows 16MT .. 32MT-1 :   "
+//     ...  |
+//          +-------------------------------------------+
+//   No warp needs another warp's S, so the softmax needs no shared memory and no __syncthreads.
+//
+// Shared memory (16-bit elements, rows padded by SMEM_PAD = 8 elements = 16 bytes)
+//   sQ [BR][D + 8], sK [2][BC][D + 8], sV [2][BC][D + 8]      bytes = 2 * (BR + 4 * BC) * (D + 8)
+//   ldmatrix reads eight 16-byte rows at once; with rows of D = 64 elements (128 bytes) all eight would start
+//   in the same four banks (an 8-way conflict). The 16-byte pad moves each row 4 banks on, so the eight
+//   rows cover all 32 banks. (An XOR swizzle of the 16-byte chunks does the same without the wasted bytes.)
+//
+// Launch configuration
+//   grid  = B * H * ceil(Tq / BR) blocks, 1-D, in one of two orders (the argument head_major). Head-major:
+//           block x works on head x / ceil(Tq/BR), so the blocks resident at one time share a few heads and
+//           re-read their K and V from L2. Heads fastest (head_major = 0): block x works on head x % (B H).
+//           Either way a head's query tiles run last to first, so that under a causal mask the longest tiles
+//           start first; heads fastest starts the longest tile of every head before any shorter one, which
+//           evens out the last wave. The launcher picks heads fastest under a causal mask while K and V of all
+//           heads are a few times the L2 at most (kernels/flash/flash2_mma.py: grid_order; notebook 06 times both).
+//   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
+//
+// The varlen kernel (flash2_mma_varlen; notebook 09): packed tokens, FlashAttention's varlen interface
+//   q (total_q, H, d), k and v (total_k, H, d), token-major with the heads of a token side by side (the layout a
+//   projection GEMM writes: no transpose before or after attention; a token's rows may lie further apart, e.g. 3 H d
+//   inside one fused QKV output); cu_seqlens_q, cu_seqlens_k (int32, B+1): sequence b owns rows cu[b] .. cu[b+1]-1.
+//   o (total_q, H, d), lse (H, total_q). Causal is bottom-right per sequence (its own Tq and Tk).
+//   grid  = (ceil(max_seqlen_q / BR), H, B): block (x, h, b) takes query tile x of sequence b, head h; a block whose
+//           tile lies past its sequence's end exits before loading anything, so the only cost of padding is the
+//           launch of those empty blocks. Tiles go last to first within a sequence, as in the dense kernel.
+//   What changed against the dense kernel: only where a block's rows are. Both kernels compute their pointers, row
+//   strides and lengths, then both call attention_block, the whole FA2 loop; the dense kernel passes row
+//   strides of d, which compiles to the very instructions it had before the split (checked with cuobjdump -sass).
+//
+// Code layout (each step is a force-inlined device function on one warp's registers)
+//   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
+//   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
+//   online_softmax       mask, row max, P = exp2(c S - m), l        (in place in the S registers)
+//   softmax_max_ilp      its first half, all rows of a lane side by side: mask (only when MASK), row max, base moves
+//   online_softmax_ilp   softmax_max_ilp, then P = exp2(c S - m) and l for all rows side by side (ILP builds)
+//   kv_tile              one K/V tile: wait, barrier, prefetch the next, the steps above and below
+//   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
+//   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
+//   softmax_exp_pv       P = exp2(c S - m) and l made 16 keys at a time inside O += P V (fused ILP builds)
+//   store_output         O / l through shared memory in 16-byte chunks, and the LSE
+//   attention_block      one block's work: Q tile, the K/V loop over the steps above, the store
+//
+// Three loops over the K/V tiles (chosen at compile time per build: IlpBuild, then FusedBuild)
+//   row by row   online_softmax: each of a lane's 2 MT rows in turn (max, two shuffles, exponentials, sum), with the
+//                mask applied when a run-time flag says the tile needs it. The compiler turns that flag and the
+//                per-row steps into branches, so the two shuffles (~30 cycles each) and the ex2 latency of one
+//                row are paid before the next row starts. Fewest registers: the D=64 build at three blocks per SM
+//                (168 registers) fits only this way.
+//   ILP          the tiles that hold no masked key (every key < Tk and, if causal, at or before the diagonal of the
+//                block's first row) run first, through kv_tile<..., MASK = false>, with no mask code at all; the
+//                rest (the ragged last tile, the causal diagonal) with it. online_softmax_ilp does the maxima, the
+//                first shuffles, the second shuffles and the exponentials of all 2 MT rows side by side with no
+//                branch between them, so their latencies overlap. Same arithmetic in the same order: o and lse are
+//                bit for bit those of the row-by-row loop (notebook 06 compares them). The D = 96 and 128 builds.
+//   fused ILP    the ILP loop with the softmax cut where the rescale branch is: softmax_max_ilp, the branch, then
+//                softmax_exp_pv, which makes each 16-key step's exponentials right before the MMAs that take them,
+//                in one basic block with them, so that ex2 and mma.sync overlap. Tile 0's V is waited for only
+//                before its first P V: S = Q K^T of tile 0 starts as soon as Q and K are in. Same bits again. The
+//                D = 32 and 64 builds (FUSED_MAX_D); at D = 128 it spilled 56 to 92 bytes per thread.
+//   Builds whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is at least ILP_MIN_REGS = 200 take an
+//   ILP loop: every build of kernels/flash/flash2_mma.py's TILES. On an H100 (notebook 06, section 7: B=4 H=32 T=4096,
+//   not causal, fp16, one run) the ILP loop took 3.03 ms at D=128 against 3.39 for the row-by-row loop on the same
+//   tile, and 1.77 ms at D=64 against 1.98 on the same tile and 1.80 at three blocks per SM (the default before it).
+// What was measured (H100, B=4 H=32 unless said; both kernels in one run, 5 interleaved rounds; medians of SDPA flash's
+// kernel time over ours, the kernel before -> after the fused loop and the store through shared memory; fp16 / bf16)
+//   D=64   llm.c's B=8 H=12 T=1024 causal 1.26 -> 1.32; T=1024 causal 1.23 -> 1.28 / 1.23 -> 1.28, full 1.03 -> 1.08
+//          / 1.03 -> 1.08; T=4096 causal 1.04 -> 1.09 / 1.04 -> 1.04, full 1.02 -> 1.04 / 1.04 -> 1.09; T=16384
+//          (fp16) causal 1.01 -> 1.06, full 1.01 -> 1.06.
+//   D=128  (the store only) T=1024 causal 1.20 -> 1.21 / 1.20 -> 1.21, full 0.99 -> 1.04 / 0.99 -> 1.04; T=4096
+//          causal 1.00 -> 1.05 / 1.02 -> 1.04, full 1.03 -> 1.03 / 1.02 -> 1.06; T=16384 (fp16) causal 0.98 -> 1.04,
+//          full 1.04 -> 1.09.
+//   Taken apart at D=64, T=1024 full fp16 (an earlier run, same method): 1.03 before, 1.06 with the fused loop alone,
+//   1.04 with the store alone, 1.08 with both and the early tile 0. At D=128 the early tile 0 made T=1024 slower
+//   (1.00 against 1.03 without it): at 255 registers every change to that build moves its register allocation.
+//   The same code timed twice in one run differed by up to 2 to 4% at T >= 4096; read single cells with that in mind.
+//   Tried and not kept: S = Q K^T of tile j+1 made before the softmax of tile j (K copied one tile ahead of V, the
+//   next tile's MMAs in one basic block with this tile's row maxima and shuffles), so that a warp has MMAs to issue
+//   while its shuffles are in flight. Outputs bit-equal; at D=64 on the H100 (the d = 64 rows of notebook 06's grid,
+//   fp16 and bf16, 5 paired rounds) it was 7-11% slower on the default tile, where two tiles' scores take 255 registers
+//   and spill 24 bytes, and 13-15% under the default on BC=32 (214 registers, no spill), about where the plain loop on
+//   that tile stands (0.84-0.87 in another run): the warps of the SM's other block seem to fill that gap already.
+// Registers (nvcc 13.0, sm_90, the default builds of kernels/flash/flash2_mma.py's TILES and VARLEN_TILES)
+//   dense    D=32: 186, D=64: 254 (two blocks per SM), D=96: 254, no spills; D=128: 255 registers and 24 bytes of
+//            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
+//            fragments in flight (the row-by-row loop spills 32 bytes there).
+//   varlen   D=32: 189, D=64: 240, D=96: 254, no spills; D=128: 255 and 24 bytes of spill stores.
+//   sm_80 (A100): no spills except D=128, dense and varlen (8 bytes). CuPy's NVRTC may count a few registers
+//   differently; notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM
+//   (MIN_BLOCKS=3, the cap of 168 registers) takes the row-by-row loop.
+//   Splitting the body into attention_block for the varlen kernel (notebook 09) left the dense builds as they were:
+//   the same registers and spills, and `cuobjdump -sass` listed the same instructions before and after that split.
+// Limits (checked by kernels/flash/flash2_mma.py before launch)
+//   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
+//   are zero-filled by cp.async and never written back. Any Tq, Tk >= 1: rows past the end are zero-filled
+//   on load, masked to -inf as keys, and not stored as queries. q, k, v, o 16-byte aligned. Indices of
+//   elements are 64-bit, of rows 32-bit.
+//
+// Numerics
+//   Products in 16 bits, sums in float32 (the mma accumulators), softmax in float32 with exp2 (ex2.approx:
+//   relative error ~2^-22, flushed subnormals), P rounded to 16 bits before P V, O rounded once at the end.
+//
+// What comes next
+//   Hopper's wgmma (warpgroup MMA fed straight from shared memory by TMA) is what reaches the last third of
+//   the H100's tensor throughput (FlashAttention-3); mma.sync tops out at about two thirds of it.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define DEVICE __device__ __forceinline__
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define FULL_MASK 0xffffffffu
+
+// Elements of padding per shared-memory row (16 bytes). The launcher passes -DSMEM_PAD from its own constant, so
+// that the shared memory it allocates and the layout the kernel assumes come from one number.
+#ifndef SMEM_PAD
+#define SMEM_PAD 8
+#endif
+
+enum : int {
+    WARP_SIZE = 32,
+    MMA_M = 16,    // rows of an mma.m16n8k16 tile
+    MMA_N = 8,     // columns
+    MMA_K = 16,    // depth
+    CHUNK = 8,     // 16-bit elements in one 16-byte cp.async / ldmatrix row
+};
+// The exponent base of a row moves only when a tile's max exceeds it by more than this (log2 units), so
+// probabilities stay <= 2^8 before normalisation: exact in float32, representable in fp16 and bf16.
+#define RESCALE_THRESHOLD 8.0f
+#define LN2 0.6931471805599453f
+
+// ---------------------------------------------------------------------------------------------------------
+// PTX wrappers. Each is one instruction; the comments say what a lane gives and gets.
+// ---------------------------------------------------------------------------------------------------------
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// Copy 16 bytes global -> shared (a 32-bit shared-window address) without passing through registers;
+// src_bytes = 0 writes 16 zero bytes (the out-of-range rows and columns of a tile) and reads nothing.
+DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
+    const int src_bytes = in_range ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEVICE void cp_async_16(u32 dst, const void* src) {  // the common case: all 16 bytes in range
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>  // wait until at most PENDING committed groups are still in flight
+DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// Four 8x8 matrices of 16-bit elements: lane l gives the address of row (l % 8) of matrix (l / 8);
+// lane l gets, from matrix i, the two elements of row l/4, columns 2(l%4) and 2(l%4)+1, in r[i].
+DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// The same, transposed: lane l gets rows 2(l%4) and 2(l%4)+1 of column l/4 of each matrix.
+DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
+template <bool BF16>
+DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
+template <bool BF16>
+DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+// 4 bytes to shared memory; 16 bytes from it (a 16-byte aligned 32-bit shared-window address).
+DEVICE void st_shared_u32(u32 addr, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory"); }
+DEVICE uint4 ld_shared_v4(u32 addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(addr)
+                 : "memory");
+    return r;
+}
+
+DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEVICE float quad_max(float x) {  // the 4 lanes of a quad hold one row's columns
+    x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
+    return fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 2));
+}
+DEVICE float quad_sum(float x) {
+    x += __shfl_xor_sync(FULL_MASK, x, 1);
+    return x + __shfl_xor_sync(FULL_MASK, x, 2);
+}
+
+// Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix whose rows lie ld elements apart (ld = d when dense; H d
+// or 3 H d for packed tokens) -> the shared tile at `tile` ([ROWS][LD], 32-bit shared address); zero-fill past T
+// and d. Thread i copies 16-byte chunk i % CHUNKS of rows i / CHUNKS,
+// i / CHUNKS + STEP, ...: the same chunk of every tile, so its offsets are computed once per call and a tile
+// fully in range (all but the last, when d == D) needs one add and one cp.async per chunk.
+template <int ROWS, int D, int NTHREADS>
+DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int T, int d, int ld) {
+    constexpr int CHUNKS = D / CHUNK;  // 16-byte chunks per row
+    constexpr int LD = D + SMEM_PAD;
+    if constexpr (NTHREADS % CHUNKS == 0) {
+        constexpr int STEP = NTHREADS / CHUNKS;  // rows one pass of the block covers
+        constexpr int PASSES = (ROWS + STEP - 1) / STEP;
+        const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const u16* from = src + (long long)(row0 + r) * ld + c * CHUNK;
+        const long long step = (long long)STEP * ld;
+        const u32 to = tile + 2 * (r * LD + c * CHUNK);
+        if (row0 + ROWS <= T && d == D && ROWS % STEP == 0) {
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) cp_async_16(to + 2 * p * STEP * LD, from + p * step);
+        } else {
+            const bool col_ok = c * CHUNK < d;
+#pragma unroll
+            for (int p = 0; p < PASSES; ++p) {
+                if (ROWS % STEP == 0 || r + p * STEP < ROWS) {
+                    const bool ok = col_ok && row0 + r + p * STEP < T;
+                    cp_async_16(to + 2 * p * STEP * LD, ok ? from + p * step : src, ok);
+                }
+            }
+        }
+    } else {  // D = 96: 12 chunks per row do not divide the block; the plain loop
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NTHREADS) {
+            const int r = i / CHUNKS, c = i % CHUNKS;
+            const int row = row0 + r;
+            const bool ok = row < T && c * CHUNK < d;
+            cp_async_16(tile + 2 * (r * LD + c * CHUNK), ok ? src + (long long)row * ld + c * CHUNK : src, ok);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The steps of one K/V tile, as one warp sees them. Each works on the warp's own registers: S (acc_s),
+// O (acc_o) and the running row state (row_max, row_sum); only K and V come from shared memory.
+// They are force-inlined, so the kernel compiles as if it were written out in one piece: split this way, the
+// default builds have the same instruction count and spills as the single-body kernel had, and registers within 2
+// ---------------------------------------------------------------------------------------------------------
+
+// S = Q K^T for this warp's 16*MT rows against the tile's BC keys: (16MT x D) x (D x BC), float32 accumulators.
+// q_lane and k_tile are this lane's ldmatrix row addresses in sQ and in the K stage of the tile.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void warp_scores(float (&acc_s)[MT][BC / MMA_N][4], u32 q_lane, u32 k_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int S_NT = BC / MMA_N;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)  // A = Q rows 16mt + (l % 16), columns 16kk + 8 (l / 16)
+            ldmatrix_x4(a[mt], q_lane + 2 * (mt * MMA_M * LD + kk * MMA_K));
+#pragma unroll
+        for (int np = 0; np < S_NT / 2; ++np) {  // B = K^T: K rows (keys) are B's columns
+            u32 b[4];  // b[0], b[1]: n-tile 2np; b[2], b[3]: n-tile 2np + 1
+            ldmatrix_x4(b, k_tile + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Mask the scores, then the online softmax on the registers: S becomes P = exp2(c s - base) in place.
+// row_max holds the exponent base of each row (log2 units, scale folded in). It moves only when the tile's
+// max exceeds it by more than RESCALE_THRESHOLD: until then p = 2^(c s - base) <= 2^8, exact in float32 and
+// far inside float16/bfloat16 range, and O and l need no rescaling. The result is the same; only the common
+// factor differs. correction[mt][h] is the factor O's row must be multiplied by (1 where the base stayed);
+// the return value says whether any row of this lane moved.
+// warp_row0: the first query row of the warp; k0: the tile's first key; edge: the tile holds a masked key.
+template <int BC, int MT>
+DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                           float (&correction)[MT][2], int warp_row0, int k0, bool edge, int Tk, int diag,
+                           int causal, float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+            const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+            float mx = NEG_INF;  // the row's largest raw score in this tile
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (edge) {
+                        const int col = k0 + nt * MMA_N + 2 * t + e;
+                        if (col >= Tk || (causal && col > row + diag)) acc_s[mt][nt][2 * h + e] = NEG_INF;
+                    }
+                    mx = fmaxf(mx, acc_s[mt][nt][2 * h + e]);
+                }
+            }
+            // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
+            // the exponent's FMA below, not multiplied into every score.
+            const float m_tile = quad_max(mx) * scale_log2;
+            const float old = row_max[mt][h];
+            const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
+            row_max[mt][h] = move ? m_tile : old;
+            correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
+            moved |= move;
+            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+                    acc_s[mt][nt][2 * h + e] = p;
+                    sum += p;
+                }
+            }
+            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+        }
+    }
+    return moved;
+}
+
+// The ILP loops' softmax comes in two halves (the ILP loop of attention_block, for builds with registers to spare).
+// softmax_max_ilp, the first half: the mask, each row's max, the move of its base and the correction, in place in the
+// S registers; it returns whether any row of this lane moved. MASK (compile time): the tile may hold a masked key (a
+// key >= Tk, or under the causal mask a key after a row's diagonal); without it no mask code is emitted at all. With
+// it, one integer compare per score against rel, the last visible key of the row relative to this lane's first column.
+// The steps run for all 2 MT rows of the lane at once (all maxima, then all first shuffles, then all second
+// shuffles), with no branch in between: the 2 MT dependency chains (a shuffle waits about 30 cycles) overlap instead
+// of running one row after the other. Each row's arithmetic is the same as one row at a time, in the same order, so
+// P, l and O are bit for bit what the row-by-row loop gave.
+template <int BC, int MT, bool MASK>
+DEVICE bool softmax_max_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&correction)[MT][2],
+                            int warp_row0, int k0, int Tk, int diag, int causal, float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    if constexpr (MASK) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+                const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+                // key k0 + 2t + c (c = 8 nt + e) is visible when it is <= last: key < Tk and, if causal, <= row + diag
+                const int last = causal ? min(Tk - 1, row + diag) : Tk - 1;
+                const int rel = last - k0 - 2 * t;  // visible iff c <= rel
+#pragma unroll
+                for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (nt * MMA_N + e > rel) acc_s[mt][nt][2 * h + e] = NEG_INF;
+            }
+        }
+    }
+    float mx[MT][2];  // each row's largest raw score in this tile: this lane's columns, then the quad's
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float m = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) m = fmaxf(m, acc_s[mt][nt][2 * h + e]);
+            mx[mt][h] = m;
+        }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)  // quad_max of every row, the 2 MT rows' shuffles side by side
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(FULL_MASK, mx[mt][h], 1));
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(FULL_MASK, mx[mt][h], 2));
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // scale > 0, so max(c s) = c max(s): the scale is applied once per row here and folded into
+            // the exponent's FMA (the second half), not multiplied into every score.
+            const float m_tile = mx[mt][h] * scale_log2;
+            const float old = row_max[mt][h];
+            const bool move = m_tile > old + RESCALE_THRESHOLD;  // true on a row's first visible key
+            row_max[mt][h] = move ? m_tile : old;
+            correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
+            moved |= move;
+        }
+    }
+    return moved;
+}
+
+// online_softmax_ilp: the same computation as online_softmax, as the unfused ILP loop runs it: softmax_max_ilp, then
+// P = exp2(c S - base) in place and l, all 2 MT rows side by side (an ex2 waits about 20 cycles).
+template <int BC, int MT, bool MASK>
+DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                               float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
+                               float scale_log2) {
+    constexpr int S_NT = BC / MMA_N;
+    const bool moved =
+        softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, k0, Tk, diag, causal, scale_log2);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < S_NT; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+                    acc_s[mt][nt][2 * h + e] = p;
+                    sum += p;
+                }
+            }
+            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+        }
+    }
+    return moved;
+}
+
+// O *= correction, row by row: e / 2 picks row g (accumulators 0, 1) or g + 8 (2, 3).
+template <int D, int MT>
+DEVICE void rescale_output(float (&acc_o)[MT][D / MMA_N][4], const float (&correction)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < D / MMA_N; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= correction[mt][e / 2];
+}
+
+// O += P V: P from the S registers (converted to 16 bits, they are the A operand), V by ldmatrix.trans
+// (B operand). v_tile is this lane's ldmatrix row address in the V stage of the tile.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void warp_accumulate_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
+                               u32 v_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int O_NT = D / MMA_N;
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = pack2<BF16>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);          // row g,   keys 0..7
+            a[mt][1] = pack2<BF16>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);          // row g+8, keys 0..7
+            a[mt][2] = pack2<BF16>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);  // row g,   keys 8..15
+            a[mt][3] = pack2<BF16>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);  // row g+8, keys 8..15
+        }
+#pragma unroll
+        for (int np = 0; np < O_NT / 2; ++np) {
+            u32 b[4];  // V rows (keys) 16kk + (l % 8) + 8 ((l / 8) % 2), columns 16np + 8 (l / 16)
+            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The second half of the softmax fused with O += P V (the fused ILP loop): P = exp2(c S - base) and its row sums are
+// made 16 keys at a time, right before the mma.sync that takes them as its A operand. With the rescale branch before
+// it, the exponentials of one 16-key step and the MMAs of the step before are one basic block, which the compiler
+// interleaves; in the unfused loops every exponential is done before the first MMA of P V. Same arithmetic in the
+// same order as online_softmax_ilp + warp_accumulate_pv (the row sums add their keys in the same order), so the same
+// bits. acc_s holds the raw (masked) scores; row_max and correction are softmax_max_ilp's.
+template <int D, int BC, int MT, bool BF16>
+DEVICE void softmax_exp_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
+                           const float (&row_max)[MT][2], float (&row_sum)[MT][2], const float (&correction)[MT][2],
+                           float scale_log2, u32 v_tile) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int O_NT = D / MMA_N;
+    float base[MT][2], sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            base[mt][h] = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
+            sum[mt][h] = 0.f;
+        }
+#pragma unroll
+    for (int kk = 0; kk < BC / MMA_K; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float p[2][2][2];  // [n-tile 2kk + i][row g or g + 8][column 2t + e]
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        p[i][h][e] = exp2_ftz(fmaf(acc_s[mt][2 * kk + i][2 * h + e], scale_log2, -base[mt][h]));
+                        sum[mt][h] += p[i][h][e];
+                    }
+            a[mt][0] = pack2<BF16>(p[0][0][0], p[0][0][1]);  // row g,   keys 0..7
+            a[mt][1] = pack2<BF16>(p[0][1][0], p[0][1][1]);  // row g+8, keys 0..7
+            a[mt][2] = pack2<BF16>(p[1][0][0], p[1][0][1]);  // row g,   keys 8..15
+            a[mt][3] = pack2<BF16>(p[1][1][0], p[1][1][1]);  // row g+8, keys 8..15
+        }
+#pragma unroll
+        for (int np = 0; np < O_NT / 2; ++np) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum[mt][h];
+}
+
+// The epilogue: O / l in 16 bits (the 4 lanes of a row add their partial l first), lse = ln2 * (m + log2 l).
+// oh: this head's O, rows ld_o elements apart; lse[lse_base + row] is the row's log-sum-exp (lse may be null).
+// O goes out through shared memory: each lane puts its packed pairs into the warp's own rows of sQ (sq_warp: the
+// warp's first row there; 4-byte stores, the pad keeps the 32 lanes on 32 banks), then the warp copies them out in
+// whole 16-byte chunks, a row's chunks side by side. Stored straight from the accumulators, the same O took four
+// times as many store instructions, each writing 16-byte pieces of 8 rows, and the kernel was slower where a block's
+// loop is short (see "What was measured" in the header).
+template <int D, int MT, bool BF16>
+DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long long lse_base,
+                         const float (&acc_o)[MT][D / MMA_N][4], const float (&row_max)[MT][2],
+                         const float (&row_sum)[MT][2], int warp_row0, int Tq, int d, int ld_o, u32 sq_warp) {
+    constexpr int LD = D + SMEM_PAD;
+    constexpr int WR = MMA_M * MT;
+    constexpr int CHUNKS = D / CHUNK;
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    __syncwarp();  // every lane's last ldmatrix of these Q rows comes before any lane's store over them
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = mt * MMA_M + g + 8 * h;  // row within the warp
+            const float l = quad_sum(row_sum[mt][h]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int nt = 0; nt < D / MMA_N; ++nt)
+                st_shared_u32(sq_warp + 2 * (r * LD + nt * MMA_N + 2 * t),
+                              pack2<BF16>(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv));
+            if (lse != nullptr && t == 0 && warp_row0 + r < Tq)
+                lse[lse_base + warp_row0 + r] = l > 0.f ? LN2 * (row_max[mt][h] + __log2f(l)) : NEG_INF;
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = lane; i < WR * CHUNKS; i += WARP_SIZE) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        if (warp_row0 + r < Tq && c * CHUNK < d)
+            *reinterpret_cast<uint4*>(oh + (long long)(warp_row0 + r) * ld_o + c * CHUNK) =
+                ld_shared_v4(sq_warp + 2 * (r * LD + c * CHUNK));
+    }
+}
+
+// Which ILP builds fuse the exponentials into P V (softmax_exp_pv) and wait for tile 0's V apart from its K: those with
+// D <= FUSED_MAX_D (see "Three loops" in the header). -DFUSED_MAX_D=0 turns both off, to time one against the other.
+#ifndef FUSED_MAX_D
+#define FUSED_MAX_D 64
+#endif
+template <int D, bool ILP>
+struct FusedBuild {
+    static constexpr bool value = ILP && D <= FUSED_MAX_D;
+};
+
+// Tile 0's V (its own cp.async group) before the first P V: when tile 1's prefetch is in flight too, at most that
+// one group may stay pending; then the barrier makes every thread's copies of V visible.
+DEVICE void wait_v0(bool next_in_flight) {
+    if (next_in_flight)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+    __syncthreads();
+}
+
+// One K/V tile j of the loop in attention_block, as the whole block runs it: wait for the tile, the barrier, the
+// prefetch of tile j+1 into the other stage, then S = Q K^T, the softmax, O *= correction and O += P V.
+// ILP: online_softmax_ilp, masked when MASK (compile time); otherwise online_softmax, masked when edge (run time).
+// Fused (FusedBuild): softmax_max_ilp, the rescale, then softmax_exp_pv in place of the softmax's exponentials and
+// O += P V; on tile 0 the wait for V (its own cp.async group) and a second barrier come just before that.
+// sK, sV: the two stages' base addresses; kh, vh: the head's K and V rows, ld_kv elements apart.
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, bool MASK>
+DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2], int j,
+                    int n_tiles, u32 sK, u32 sV, const u16* __restrict__ kh, const u16* __restrict__ vh, int Tk, int d,
+                    int ld_kv, u32 q_lane, u32 k_lane, u32 v_lane, int warp_row0, int diag, int causal,
+                    float scale_log2, bool edge) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr u32 TILE_KV = 2 * BC * (D + SMEM_PAD);  // bytes of one K (or V) stage
+    const int stage = j & 1;
+    constexpr bool FUSED = FusedBuild<D, ILP>::value;
+    const bool split_v = FUSED && j == 0;  // tile 0 of a fused build: K came with Q, V in a cp.async group of its own
+    if (split_v)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
+    __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
+    if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
+        load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
+        load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d, ld_kv);
+        cp_async_commit();
+    }
+
+    float acc_s[MT][BC / MMA_N][4];
+    warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
+
+    float correction[MT][2];
+    if constexpr (FUSED) {
+        const bool moved = softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, j * BC, Tk, diag,
+                                                        causal, scale_log2);
+        if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);
+        if (split_v) wait_v0(j + 1 < n_tiles);
+        softmax_exp_pv<D, BC, MT, BF16>(acc_o, acc_s, row_max, row_sum, correction, scale_log2,
+                                        sV + stage * TILE_KV + v_lane);
+        return;
+    }
+    bool moved;
+    if constexpr (ILP)
+        moved = online_softmax_ilp<BC, MT, MASK>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, Tk, diag,
+                                                 causal, scale_log2);                                // S -> P
+    else
+        moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, edge, Tk, diag, causal,
+                                       scale_log2);                                                  // S -> P
+    if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
+    if (split_v) wait_v0(j + 1 < n_tiles);
+    warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The work of one block: BR query rows [q0, q0 + BR) of one head against its keys, for both kernels below.
+// qh, kh, vh: the head's first query / key / value row; rows lie ld_q, ld_kv elements apart. oh: the head's first
+// output row, rows ld_o apart; lse[lse_base + row] (lse may be null). Tq, Tk: this head's (this sequence's) rows.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP>
+DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ kh, const u16* __restrict__ vh,
+                            u16* __restrict__ oh, float* __restrict__ lse, long long lse_base, int ld_q, int ld_kv,
+                            int ld_o, int q0, int Tq, int Tk, int d, float scale_log2, int causal) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr int WR = MMA_M * MT;    // query rows per warp
+    constexpr int BR = WR * NWARPS;   // query rows per block
+    constexpr int LD = D + SMEM_PAD;  // shared-memory row stride, elements
+    static_assert(D % MMA_K == 0 && D >= 32 && D <= 128, "D must be a multiple of 16 in [32, 128]");
+    static_assert(BC % (2 * MMA_N) == 0 && BC >= 16, "BC must be a multiple of 16 (ldmatrix.x4 loads 2 n-tiles)");
+    static_assert(MT >= 1 && NWARPS >= 1 && NTHREADS <= 1024, "bad warp tiling");
+    static_assert((LD * 2) % 16 == 0, "shared rows must stay 16-byte aligned for cp.async and ldmatrix");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr u32 TILE_KV = 2 * BC * LD;  // bytes of one K (or V) stage
+    const u32 sQ = smem_addr(smem_raw);   // 32-bit shared-window addresses: ldmatrix and cp.async take these
+    const u32 sK = sQ + 2 * BR * LD;      // [2][BC][LD]
+    const u32 sV = sK + 2 * TILE_KV;      // [2][BC][LD]
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int diag = Tk - Tq;  // query i sees keys j <= i + diag
+
+    // ---- Q, and the first K/V tile, in flight; the running state of each row in registers ----------------
+    // Keys this block needs: all of them, or (causal) up to the last visible key of its last real row.
+    int kv_end = Tk;
+    if (causal) kv_end = min(Tk, min(q0 + BR, Tq) + diag);
+    const int n_tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
+
+    load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d, ld_q);
+    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d, ld_kv);
+    if constexpr (FusedBuild<D, ILP>::value) cp_async_commit();  // Q and K of tile 0: what S = Q K^T waits for
+    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d, ld_kv);
+    cp_async_commit();
+
+    float acc_o[MT][D / MMA_N][4];
+    float row_max[MT][2], row_sum[MT][2];  // [m-tile][row g or g+8], in log2 units; row_sum is this lane's part
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < D / MMA_N; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    // Per-lane byte offsets of the ldmatrix row addresses (lane l gives row l % 8 of matrix l / 8):
+    //   Q (A operand, 16x16): rows l % 16, column half l / 16
+    //   K (B operand, two n-tiles): key rows l % 8 + 8 (l / 16), column half (l / 8) % 2
+    //   V (B operand, .trans, two n-tiles): key rows l % 8 + 8 ((l / 8) % 2), column half l / 16
+    const u32 q_lane = sQ + 2 * ((warp * WR + lane % 16) * LD + (lane / 16) * CHUNK);
+    const u32 k_lane = 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
+    const u32 v_lane = 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
+
+    // ---- the K/V loop: one barrier per tile; the next tile streams in while this one is computed ----------
+    if constexpr (ILP) {
+        // Tiles [0, n_full) hold no masked key for any row of the block (every key < Tk and, if causal, at or before
+        // the diagonal of the block's first row q0): they run without mask code, so the softmax is one straight run
+        // of instructions. The rest (the last tile when BC does not divide Tk, the tiles on the causal diagonal) run
+        // with it. Tile j is free of masks when (j + 1) BC <= Tk and, if causal, j BC + BC - 1 <= q0 + diag.
+        int n_full = min(n_tiles, Tk / BC);
+        if (causal) n_full = min(n_full, max(q0 + diag + 1, 0) / BC);
+        int j = 0;
+        for (; j < n_full; ++j)
+            kv_tile<D, BC, NWARPS, MT, BF16, true, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                          ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                          scale_log2, false);
+        for (; j < n_tiles; ++j)
+            kv_tile<D, BC, NWARPS, MT, BF16, true, true>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                         ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                         scale_log2, true);
+    } else {
+        for (int j = 0; j < n_tiles; ++j) {
+            const int k0 = j * BC;
+            const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
+            kv_tile<D, BC, NWARPS, MT, BF16, false, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
+                                                           ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
+                                                           scale_log2, edge);
+        }
+    }
+    // ---- the end: normalise and store ------------------------------------------------------------------------
+    cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
+    // O goes out through this warp's own rows of sQ, which no other warp reads. With no K/V tile there was no
+    // barrier after Q's copies: another thread's copy into those rows may still be landing, so wait for all of them.
+    if (n_tiles == 0) __syncthreads();
+    store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o,
+                              sQ + 2 * warp * WR * LD);
+}
+
+// Which loop a build runs (see "Three loops" in the header). The ILP loop gives the compiler more independent
+// instructions to overlap, which costs registers: the D=64 build needs about 220 with it (254 with the fused loop),
+// and under the 168-register cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does
+// not. So by default a build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS
+// keeps the row-by-row loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1
+// (default) by the cap. The launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in
+// Python), and ILP_MODE for a tile whose ILP field is set (kernels/flash/flash2_mma.py: MmaTile), so that the two loops can
+// be timed and compared on the same tile.
+#ifndef ILP_MIN_REGS
+#define ILP_MIN_REGS 200
+#endif
+#ifndef ILP_MODE
+#define ILP_MODE -1
+#endif
+template <int NWARPS, int MIN_BLOCKS>
+struct IlpBuild {
+    static constexpr bool value =
+        ILP_MODE >= 0 ? ILP_MODE == 1 : 65536 / (NWARPS * WARP_SIZE * MIN_BLOCKS) >= ILP_MIN_REGS;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// The dense kernel: q (B, H, Tq, d), k and v (B, H, Tk, d). D: head-dim build; BC: keys per tile; NWARPS: warps
+// per block; MT: 16-row m-tiles per warp; MIN_BLOCKS: blocks per SM the compiler must leave registers for
+// (65536 / (32 NWARPS MIN_BLOCKS) each).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                   u16* __restrict__ o, float* __restrict__ lse, int Tq, int Tk, int d, float scale_log2,
+                   int causal, int head_major) {
+    constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
+    // ---- which head and which query rows this block owns ------------------------------------------------
+    // One block per (b*h, query tile), in a 1-D grid. Head-major: the blocks that run side by side share a
+    // head, so its K and V come from L2 rather than DRAM. Heads fastest (head_major = 0): the longest query
+    // tile of every head first (causal masks on small problems; see the header). Query tiles go last to first.
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    const int n_heads = gridDim.x / n_qtiles;
+    const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
+    const int q0 = (n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads)) * BR;
+    const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
+    constexpr bool ILP = IlpBuild<NWARPS, MIN_BLOCKS>::value;
+    attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + q_base, k + k_base, v + k_base, o + q_base, lse,
+                                                  (long long)bh * Tq, d, d, d, q0, Tq, Tk, d, scale_log2, causal);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The varlen kernel: packed tokens, FlashAttention's varlen interface.
+//   q (total_q, H, d) and k, v (total_k, H, d): token rows ld_q / ld_kv elements apart (H d when contiguous;
+//   3 H d when q, k, v are views into one fused QKV projection (total, 3, H, d)); o (total_q, H, d) contiguous;
+//   lse (H, total_q). Sequence b owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1, key rows likewise.
+//   grid = (ceil(max_seqlen_q / BR), H, B): block (x, h, b) takes query tile x of sequence b, head h, counted from
+//   the sequence's last tile (the longest under a causal mask first); a block past the sequence's tiles exits at
+//   once, so padding costs one block launch per missing tile and no loads or math.
+//   cu_seqlens are GPU values: each is clamped to [0, total] and to not below the one before it, so a malformed
+//   array gives wrong rows but no out-of-bounds access (kernels/flash/flash2_mma.py: check_inputs=True rejects it).
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_mma_varlen(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                  u16* __restrict__ o, float* __restrict__ lse, const int* __restrict__ cu_seqlens_q,
+                  const int* __restrict__ cu_seqlens_k, int total_q, int total_k, int H, int d, int ld_q, int ld_kv,
+                  float scale_log2, int causal) {
+    constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
+    // ---- this block's sequence, head and query tile; early exit past the sequence's end -------------------
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int qs = min(max(cu_seqlens_q[b], 0), total_q), qe = min(max(cu_seqlens_q[b + 1], qs), total_q);
+    const int ks = min(max(cu_seqlens_k[b], 0), total_k), ke = min(max(cu_seqlens_k[b + 1], ks), total_k);
+    const int Tq = qe - qs, Tk = ke - ks;
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    if ((int)blockIdx.x >= n_qtiles) return;  // no work on padding (and none at all for an empty sequence)
+    const int q0 = (n_qtiles - 1 - (int)blockIdx.x) * BR;
+    // ---- the same block of work as the dense kernel, on this sequence's rows ----------------------------------
+    const long long kv_base = (long long)ks * ld_kv + (long long)h * d;
+    constexpr bool ILP = IlpBuild<NWARPS, MIN_BLOCKS>::value;
+    attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + (long long)qs * ld_q + (long long)h * d, k + kv_base,
+                                                  v + kv_base, o + ((long long)qs * H + h) * d, lse,
+                                                  (long long)h * total_q + qs, ld_q, ld_kv, H * d, q0, Tq, Tk, d,
+                                                  scale_log2, causal);
+}
+
+// ---- the builds the launcher uses by default (kernels/flash/flash2_mma.py: TILES and VARLEN_TILES), instantiated so that
+// `nvcc -c flash2_mma.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name instead.
+#ifndef __CUDACC_RTC__
+#define FLASH2_MMA_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                               \
+    template __global__ void flash2_mma_forward<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                             \
+        const u16*, const u16*, const u16*, u16*, float*, int, int, int, float, int, int);
+#define FLASH2_MMA_VARLEN_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16)                                        \
+    template __global__ void flash2_mma_varlen<D, BC, NWARPS, MT, MIN_BLOCKS, BF16>(                              \
+        const u16*, const u16*, const u16*, u16*, float*, const int*, const int*, int, int, int, int, int, int,   \
+        float, int);
+FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 2, false)
+FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, false)
+FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, true)
+FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 2, true)
+FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, true)
+FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, true)
+#endif

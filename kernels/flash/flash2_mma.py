@@ -1,0 +1,388 @@
+"""Launcher for kernels/flash/flash2_mma.cu: FlashAttention-2 forward on tensor cores through mma.sync (fp16/bf16).
+
+    o = forward(q, k, v, causal=True)                          # (B, H, T, d) float16 or bfloat16 CuPy arrays
+    o, lse = forward(q, k, v, causal=True, return_lse=True)    # lse: (B, H, Tq) float32, natural log
+
+Any d with d % 8 == 0 and d <= 128 runs on the build for the smallest D in {32, 64, 96, 128} with D >= d
+(cp.async zero-fills columns d..D-1). Any Tq, Tk >= 1.
+
+Packed variable-length batches (FlashAttention's varlen interface; notebook 09):
+
+    o = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)
+
+q (total_q, H, d), k and v (total_k, H, d): the real tokens of B sequences one after the other, sequence b in rows
+cu_seqlens[b] .. cu_seqlens[b+1]-1 (int32, B+1 entries); o (total_q, H, d), lse (H, total_q). q, k, v may be views
+with a token stride other than H*d (for example the q, k, v thirds of one fused QKV projection, (total, 3, H, d)).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, Launch, attention_launch, blocks_per_sm,
+                    ceil_div, check_array, check_grid, cp, current_device, defines_from, device_info, dtype_set,
+                    get_kernel, launch_cache, validate_attention)
+from ..core.registry import Variant, register
+
+KERNEL_FILE = "flash2_mma.cu"
+KERNEL_NAME = "flash2_mma_forward"
+VARLEN_KERNEL_NAME = "flash2_mma_varlen"
+WHAT = "flash2_mma attention"
+MAX_D = 128
+D_MULTIPLE = 8  # cp.async moves 16-byte chunks: 8 elements
+HEAD_DIMS = (32, 64, 96, 128)
+BUILD_FOR = {d: next(D for D in HEAD_DIMS if D >= d) for d in range(1, MAX_D + 1)}
+MMA_M = 16  # rows of one mma.m16n8k16 tile (= MMA_M in flash2_mma.cu)
+SMEM_PAD = 8  # elements of padding per shared-memory row; handed to the kernel as -DSMEM_PAD
+# A build takes the kernel's ILP loop when its register cap (65536 / (threads * MIN_BLOCKS) per thread) is at least
+# this; handed to the kernel as -DILP_MIN_REGS (see the kernel's header, "Three loops").
+ILP_MIN_REGS = 200
+# An ILP build with D at most this runs the fused ILP loop (the exponentials made inside O += P V); handed to the kernel
+# as -DFUSED_MAX_D. At D = 128 the fused loop spills, so those builds keep the unfused one.
+FUSED_MAX_D = 64
+DEFINES = defines_from(SMEM_PAD=SMEM_PAD, ILP_MIN_REGS=ILP_MIN_REGS, FUSED_MAX_D=FUSED_MAX_D)
+ALIGN = 16  # bytes: cp.async and the 4-byte output stores need 16-byte aligned bases
+LOG2E = 1.0 / math.log(2.0)
+DTYPES = ("float16", "bfloat16")
+DTYPE_SET = dtype_set(DTYPES)
+CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage given to shared memory (a hint to the driver)
+
+
+class MmaTile(NamedTuple):
+    """The tiling of one flash2_mma build: BC keys per K/V tile, NWARPS warps of MT 16-row m-tiles each, and
+    MIN_BLOCKS, the blocks per SM that __launch_bounds__ asks the compiler to leave registers for.
+
+    ILP picks the kernel's K/V loop: None lets the kernel choose by the register cap (the ILP loop where a thread may
+    have ILP_MIN_REGS registers or more), True / False force the ILP / the row-by-row loop (the kernel's header,
+    "Three loops"; notebook 06 times both). An ILP build of D <= FUSED_MAX_D runs the fused ILP loop (loop_for)."""
+    BC: int
+    NWARPS: int
+    MT: int
+    MIN_BLOCKS: int = 1
+    ILP: bool | None = None
+
+    @property
+    def loop(self) -> str:
+        """"ILP" or "row by row": the K/V loop this tile's build runs (the kernel's IlpBuild, worked out here)."""
+        ilp = 65536 // (self.threads * self.MIN_BLOCKS) >= ILP_MIN_REGS if self.ILP is None else self.ILP
+        return "ILP" if ilp else "row by row"
+
+    def loop_for(self, D: int) -> str:
+        """The loop the build of this tile for head dim D runs: "row by row", "ILP" or "fused ILP" (FusedBuild)."""
+        return "fused ILP" if self.loop == "ILP" and D <= FUSED_MAX_D else self.loop
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        """The compile options of this tile's build: the launcher's DEFINES, plus ILP_MODE when ILP is forced."""
+        return DEFINES if self.ILP is None else DEFINES + defines_from(ILP_MODE=self.ILP)
+
+    @property
+    def rows(self) -> int:
+        """BR: query rows per block."""
+        return MMA_M * self.MT * self.NWARPS
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.NWARPS
+
+    def smem_bytes(self, D: int) -> int:
+        """2 * (BR + 4 * BC) * (D + SMEM_PAD): the Q tile and two stages of K and V tiles, 16-bit elements."""
+        return 2 * (self.rows + 4 * self.BC) * (D + SMEM_PAD)
+
+    def check(self, D: int) -> None:
+        """The static_asserts of flash2_mma_forward, as a ValueError before compiling."""
+        problems = []
+        if D not in HEAD_DIMS:
+            problems.append(f"D={D} is not one of {HEAD_DIMS}")
+        if self.BC < 16 or self.BC % 16:
+            problems.append(f"BC={self.BC} must be a positive multiple of 16")
+        if self.MT < 1 or self.NWARPS < 1 or self.NWARPS > 32:
+            problems.append(f"NWARPS={self.NWARPS} and MT={self.MT} must be >= 1, with at most 32 warps")
+        if self.MIN_BLOCKS < 1:
+            problems.append(f"MIN_BLOCKS={self.MIN_BLOCKS} must be >= 1")
+        if self.ILP not in (None, True, False):
+            problems.append(f"ILP={self.ILP!r} must be None, True or False")
+        if problems:
+            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
+
+
+# The default tile per D: four warps of two m-tiles (BR = 128 query rows) and 64 keys per K/V tile. At D=64 the
+# fourth number asks for registers for two blocks per SM, enough for the kernel's ILP loop (about 220 registers);
+# three blocks (MIN_BLOCKS=3, 168 registers) fit only the row-by-row loop, which measured slower on an H100 (notebook
+# 06, section 7: the same grid, one run). At D=96 and D=128 the registers allow two blocks per SM whatever the cap
+# asks; D=128 uses all 255 and spills a few bytes (see the kernel's header).
+# Other tiles (BC, NWARPS, MT, MIN_BLOCKS), timed beside these and SDPA's flash kernel (H100, fp16, B=4 H=32; T = 1024
+# and 4096 causal and not, 16384 not causal; 5 paired rounds; ratios to flash), were slower on every configuration.
+# D=64 (default 1.02-1.28x flash): (32, 4, 2, 2) 0.89-1.11x, (64, 8, 2, 1) 0.90-1.03x, (32, 8, 2, 1) 0.74-0.88x.
+# D=128 (default 1.01-1.21x): (32, 4, 2, 1) 0.97-1.17x, although it needs 238 registers and spills nothing;
+# (64, 8, 2, 1) 0.88-1.00x, (32, 8, 2, 1) 0.81-0.92x, (128, 4, 1, 1) 0.56-0.70x, (64, 2, 2, 2) 0.69-0.90x.
+# More warps per SM at D=64, in a second run (default 1.00-1.27x): (64, 4, 2, 3, ILP=True) 0.95-1.21x (the fused
+# loop under the 168-register cap, 48 bytes of spill), (32, 4, 2, 3) 0.88-1.08x (row by row), (64, 4, 1, 3)
+# 0.80-1.09x, (64, 4, 1, 4) 0.83-1.18x. At D=128, (64, 4, 2, 2) compiles to the same 255 registers and ran level.
+TILES = {
+    32: MmaTile(64, 4, 2, 1),
+    64: MmaTile(64, 4, 2, 2),
+    96: MmaTile(64, 4, 2, 1),
+    128: MmaTile(64, 4, 2, 1),
+}
+
+
+# The varlen kernel (notebook 09) uses the same builds.
+VARLEN_TILES = dict(TILES)
+
+
+def name_expression(D: int, tile: MmaTile, dtype: str, kernel: str = KERNEL_NAME) -> str:
+    return f"{kernel}<{D}, {tile.BC}, {tile.NWARPS}, {tile.MT}, {tile.MIN_BLOCKS}, " \
+           f"{'true' if dtype == 'bfloat16' else 'false'}>"
+
+
+# What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses, and the
+# row-by-row loop (which no default build takes) on the tile that was D=64's default before the ILP loop.
+ROW_LOOP_TILE = MmaTile(64, 4, 2, 3)
+NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES] + \
+               [((name_expression(D, VARLEN_TILES[D], dt, VARLEN_KERNEL_NAME),), DEFINES)
+                for D in HEAD_DIMS for dt in DTYPES] + \
+               [((name_expression(64, ROW_LOOP_TILE, dt),), ROW_LOOP_TILE.defines) for dt in DTYPES]
+
+
+class Build(NamedTuple):
+    """One compiled configuration, with the numbers its launch needs worked out once."""
+    kernel: object  # kernels.core.Kernel
+    tile: MmaTile
+    smem: int  # dynamic shared memory per block, bytes
+    rows: int  # BR
+    threads: int
+
+
+@functools.lru_cache(maxsize=None)
+def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME) -> Build:
+    """The Build of (D, tile, dtype) of the dense kernel or (kernel_name=VARLEN_KERNEL_NAME) of the varlen kernel:
+    the tile checked once, the kernel compiled on its first launch."""
+    tiles = VARLEN_TILES if kernel_name == VARLEN_KERNEL_NAME else TILES
+    tile = tiles[D] if tile is None else MmaTile(*tile)
+    tile.check(D)
+    expr = name_expression(D, tile, dtype, kernel_name)
+    smem = tile.smem_bytes(D)
+    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=tile.defines, shared_mem=smem,
+                        carveout=CARVEOUT_MAX_SHARED)
+    return Build(kernel, tile, smem, tile.rows, tile.threads)
+
+
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None):
+    """softmax(scale q k^T) v on tensor cores (mma.sync.m16n8k16), FlashAttention-2 loop; optionally the LSE.
+
+    tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS[, ILP]]) tuple) instead of TILES[D] (notebook 06's
+    sweep).
+    head_major: the order of the grid (see grid_order); None lets grid_order choose, True / False force head-major /
+    heads fastest (notebook 06 times both).
+    The first call of a problem runs _prepare; later calls with the same shapes, dtype and options reuse its launch
+    (kernels.core.attention_launch).
+    """
+    return attention_launch(_CALLS, _prepare, q, k, v, ALIGN, (causal, scale, tile, head_major), return_lse)
+
+
+_CALLS = launch_cache()  # (qkv_key, options) -> what _prepare returned
+
+
+def _prepare(q, k, v, dev, causal, scale, tile, head_major):
+    """Validate q, k, v and return (Launch, o shape, o dtype, lse shape): one problem's launch, made once."""
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
+                                                what=WHAT, scale=scale, align=ALIGN)
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0 for flash2_mma (the kernel folds it into exp2 after the row max); "
+                         f"got {scale}")
+    kernel, grid, block, smem, tail = _launch_config(
+        Tq, Tk, d, q.dtype, scale, bool(causal), None if tile is None else tuple(tile),
+        None if head_major is None else bool(head_major), B * H)
+    return Launch(kernel, grid, block, smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
+
+
+_LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H) -> what a launch of that problem needs
+
+# Under a causal mask, order the grid heads fastest while K and V of all heads take at most HEADS_FASTEST_MAX_KV_L2
+# times the L2 and the grid is at most HEADS_FASTEST_MAX_WAVES waves (see grid_order). Measured on an H100 (50 MiB of
+# L2; fp16, B*H up to 128; notebook 06, section 7, in paired rounds, two runs): heads fastest ran at 1.08-1.19x of
+# head-major with 24-128 MiB of K and V in 3 to 7.8 waves, at 0.96x and 0.99x at T = 4096, d = 64 (128 MiB, but 15.5
+# waves) and at 0.88x at T = 16384 (512 MiB). The wave limit sits between 7.8 and 15.5.
+HEADS_FASTEST_MAX_KV_L2 = 3
+HEADS_FASTEST_MAX_WAVES = 12
+
+
+def grid_order(causal: bool, BH: int, Tk: int, d: int, itemsize: int, l2_bytes: int, waves: float) -> bool:
+    """True for head-major (block x takes head x // n_qtiles), False for heads fastest (head x % BH).
+
+    Head-major keeps the blocks that run side by side on a few heads, so each head's K and V are read from DRAM
+    about once and then from L2: the right order without a mask, and for long sequences. Under a causal mask a
+    query tile's work grows with its index, and the kernel starts each head's last (longest) tile first; head-major
+    still leaves the short tiles of one head running beside the long tiles of the next, and the last wave uneven.
+    Heads fastest starts the longest tile of every head first, then the next longest, and so on: the wave tail
+    is short, but the blocks that run together read the K and V of all heads. What it saves is part of one wave,
+    worth less the more waves the grid has (waves: blocks / the blocks the GPU holds at once); what it costs is L2
+    hits. So it is chosen only under a causal mask, while K and V of all heads (2 BH Tk d itemsize bytes) stay within
+    HEADS_FASTEST_MAX_KV_L2 times the L2 size, and while the grid is at most HEADS_FASTEST_MAX_WAVES waves."""
+    kv_bytes = 2 * BH * Tk * d * itemsize
+    return not (causal and kv_bytes <= HEADS_FASTEST_MAX_KV_L2 * l2_bytes and waves <= HEADS_FASTEST_MAX_WAVES)
+
+
+def grid_waves(b: Build, blocks: int) -> float:
+    """How many rounds of blocks a grid of `blocks` blocks of this build takes on the current GPU: blocks / (SMs times
+    the blocks of the build an SM holds at once)."""
+    return blocks / (device_info().sm_count * (blocks_per_sm(b.kernel, b.threads, b.smem) or 1))
+
+
+def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
+    """Grid, block, shared memory and the constant arguments of one problem, worked out once (the launch then
+    costs a dictionary look-up instead of a dozen small computations)."""
+    b = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
+    kernel, _, smem, rows, threads = b
+    blocks = check_grid(BH * ceil_div(Tq, rows), WHAT, MAX_GRID_X)
+    order = grid_order(causal, BH, Tk, d, np.dtype(dtype).itemsize, device_info().l2_bytes, grid_waves(b, blocks)) \
+        if head_major is None else head_major
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[causal], I32[order])
+    if len(_LAUNCHES) > 4096:
+        _LAUNCHES.clear()
+    config = _LAUNCHES[(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH)] = (kernel, (blocks,), (threads,), smem,
+                                                                                   tail)
+    return config
+
+
+def launch_config(Tq: int, Tk: int, d: int, dtype, scale: float, causal: bool, BH: int):
+    """(kernel, grid, block, shared memory, constant arguments) of the dense launch that forward() makes for this
+    problem with the default tile, for callers that bring their own buffers: kernels/pytorch/torch_ops.py launches it on
+    torch tensors' pointers, (q, k, v, o, lse) + constants, after checking them as forward's validation does."""
+    if not (scale > 0 and math.isfinite(scale)):  # forward() checks this itself; here it is the only check
+        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (the kernel folds it into exp2 after the "
+                         f"row max); got {scale}")
+    key = (Tq, Tk, d, dtype, scale, bool(causal), None, None, BH)
+    return _LAUNCHES.get(key) or _launch_config(*key)
+
+
+def _check_packed(x, name: str, dev: int, dtypes, H: int | None = None, d: int | None = None):
+    """x must be a CuPy (total, H, d) array of `dtypes` on device `dev` whose (H, d) part is contiguous; its token
+    stride may be larger than H*d (a view into a fused QKV tensor) but must be a multiple of 16 bytes, and its base
+    16-byte aligned (cp.async). Returns (total, H, d, token stride in elements)."""
+    if not isinstance(x, cp.ndarray) or x.dtype not in dtypes or x.ndim != 3 or x.data.device_id != dev:
+        if isinstance(x, cp.ndarray) and x.ndim == 3 and x.dtype in dtypes:
+            raise ValueError(f"{name} is on device {x.data.device_id}, but the current device is {dev}")
+        check_array(x, name, dtypes=dtypes, ndim=3, dev=dev)  # raises the precise TypeError / ValueError
+    total, h, dd = x.shape
+    item = x.itemsize
+    if (H is not None and h != H) or (d is not None and dd != d):
+        raise ValueError(f"{name} {x.shape} must agree with q on H={H} and d={d}")
+    if x.size and ((dd > 1 and x.strides[2] != item) or (h > 1 and x.strides[1] != dd * item) or
+                   (total > 1 and x.strides[0] < h * dd * item)):  # (an empty array's strides are all 0)
+        raise ValueError(f"{name} must be (total, H, d) with contiguous heads and head dims (strides (s, {dd * item}, "
+                         f"{item}) bytes with s >= {h * dd * item}); got strides {x.strides}")
+    ld = x.strides[0] // item if total > 1 and x.size else h * dd
+    if (ld * item) % ALIGN or x.data.ptr % ALIGN:
+        raise ValueError(f"{name}: token stride {ld * item} bytes and base address {x.data.ptr:#x} must be multiples "
+                         f"of {ALIGN} bytes (cp.async moves 16-byte chunks)")
+    return total, h, dd, ld
+
+
+def _check_cu(cu, name: str, dev: int) -> None:
+    check_array(cu, name, dtypes=("int32",), ndim=1, dev=dev)
+    if cu.size < 2:
+        raise ValueError(f"{name} must have B+1 >= 2 entries; got shape {cu.shape}")
+
+
+def check_varlen_lengths(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                         max_seqlen_k: int) -> None:
+    """forward_varlen's opt-in check (check_inputs=True): reads both cu_seqlens back (one synchronisation) and
+    raises ValueError unless each starts at 0, never decreases, ends at its total, and its longest sequence fits
+    its max_seqlen."""
+    from reference.varlen import check_cu_seqlens
+
+    B1 = cu_seqlens_q.size
+    both = cp.asnumpy(cp.concatenate((cu_seqlens_q, cu_seqlens_k))).reshape(2, B1)
+    for name, cu, total, m, m_name in (("cu_seqlens_q", both[0], total_q, max_seqlen_q, "max_seqlen_q"),
+                                       ("cu_seqlens_k", both[1], total_k, max_seqlen_k, "max_seqlen_k")):
+        check_cu_seqlens(cu, total, name)
+        longest = int(np.diff(cu).max())
+        if longest > m:
+            raise ValueError(f"{name} holds a sequence of {longest} tokens; {m_name}={m} is smaller")
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                   return_lse=False, check_inputs=False):
+    """Attention of each packed sequence on its own tokens (FlashAttention's varlen interface), on tensor cores.
+
+    q (total_q, H, d), k and v (total_k, H, d): float16 or bfloat16 CuPy arrays; heads and head dims contiguous, the
+    token stride free (a multiple of 16 bytes), so q, k, v may be the thirds of a fused QKV projection viewed as
+    (total, 3, H, d). k and v must share their strides. cu_seqlens_q, cu_seqlens_k: int32 (B+1,) CuPy arrays;
+    sequence b owns query rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and key rows likewise; a sequence may be
+    empty. max_seqlen_q, max_seqlen_k: Python ints, at least the longest sequence (the grid has
+    ceil(max_seqlen_q / BR) query tiles per sequence and head; blocks past a sequence's end exit at once).
+    causal: bottom-right per sequence (query i of a sequence sees key j when j <= i + Tk - Tq); a row that sees no
+    key gives 0 and lse = -inf. Returns o (total_q, H, d), contiguous, and with return_lse lse (H, total_q) float32.
+
+    cu_seqlens live on the GPU, so they are not read here: the kernel clamps each entry to [0, total] and to not
+    below the one before, so a malformed array gives wrong rows but no out-of-bounds access. Query rows no sequence
+    covers are not written, nor, in a sequence longer than max_seqlen_q, its leading rows: the grid's query tiles
+    are counted from each sequence's end, so only its last ceil(max_seqlen_q / BR) tiles are computed.
+    check_inputs=True runs check_varlen_lengths (one synchronisation) first, which rejects both.
+    """
+    dev = current_device()
+    total_q, H, d, ld_q = _check_packed(q, "q", dev, DTYPE_SET)
+    same = dtype_set((q.dtype.name,))
+    total_k, _, _, ld_k = _check_packed(k, "k", dev, same, H, d)
+    _, _, _, ld_v = _check_packed(v, "v", dev, same, H, d)
+    if k.shape != v.shape or ld_k != ld_v:
+        raise ValueError(f"k and v must have the same shape and token stride; got k {k.shape} (stride {ld_k}) and "
+                         f"v {v.shape} (stride {ld_v})")
+    if H < 1 or d < 1:
+        raise ValueError(f"H and d must be >= 1; got q {q.shape}")
+    if d > MAX_D or d % D_MULTIPLE:
+        raise ValueError(f"head dimension d={d} must be a multiple of {D_MULTIPLE} and <= {MAX_D} for {WHAT}")
+    _check_cu(cu_seqlens_q, "cu_seqlens_q", dev)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", dev)
+    if cu_seqlens_q.size != cu_seqlens_k.size:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.size} entries and cu_seqlens_k {cu_seqlens_k.size}; "
+                         f"both must be B+1")
+    B = cu_seqlens_q.size - 1
+    for name, m, total in (("max_seqlen_q", max_seqlen_q, total_q), ("max_seqlen_k", max_seqlen_k, total_k)):
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool):
+            raise TypeError(f"{name} must be an int; got {type(m).__name__}")
+        low = 1 if (total > 0 and name == "max_seqlen_q") else 0
+        if not low <= m <= total:
+            raise ValueError(f"{name}={m} must lie in [{low}, {total}] (the packed tokens of {name[-1]})")
+    if max(total_q * ld_q, total_k * ld_k) > INT32_MAX * 8 or max(total_q, total_k) > INT32_MAX:
+        raise ValueError(f"q has {total_q} and k {total_k} tokens; {WHAT} varlen keeps token indices in 32 bits")
+    if B > MAX_GRID_YZ or H > MAX_GRID_YZ:
+        raise ValueError(f"{WHAT} varlen launches a grid of (tiles, H={H}, B={B}); H and B must be <= {MAX_GRID_YZ}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (folded into exp2 after the row max); "
+                         f"got {scale}")
+    if check_inputs:
+        check_varlen_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, int(max_seqlen_q), int(max_seqlen_k))
+    kernel, _, smem, rows, threads = build(BUILD_FOR[d], None, DTYPE_NAMES[q.dtype], VARLEN_KERNEL_NAME)
+    o = cp.empty((total_q, H, d), dtype=q.dtype)
+    lse = cp.empty((H, total_q), dtype=cp.float32) if return_lse else None
+    tiles = ceil_div(int(max_seqlen_q), rows)
+    if tiles > 0:
+        kernel((tiles, H, B), (threads,),
+               (q, k, v, o, NULL if lse is None else lse, cu_seqlens_q, cu_seqlens_k, np.int32(total_q),
+                np.int32(total_k), np.int32(H), np.int32(d), np.int32(ld_q), np.int32(ld_k),
+                np.float32(scale * LOG2E), I32[bool(causal)]),
+               smem)
+    return (o, lse) if return_lse else o
+
+
+register(Variant(
+    name="flash2_mma",
+    forward=forward,
+    dtypes=DTYPES,
+    notebook="06_fp16_tensor_cores",
+    max_d=MAX_D,
+    has_lse=True,
+    module=__name__,
+    description="FlashAttention-2 on tensor cores: mma.sync m16n8k16, ldmatrix(.trans), P in registers, "
+                "cp.async double buffering, exp2 softmax",
+))

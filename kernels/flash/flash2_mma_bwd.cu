@@ -1,0 +1,551 @@
+// flash2_mma_bwd.cu -- FlashAttention-2 backward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
+//
+// What it computes
+//   Given q, k, v, the forward's output o and log-sum-exp lse (kernels/flash/flash2_mma.py, return_lse=True) and the
+//   gradient dO = dL/do, the gradients dQ, dK, dV of attention o = softmax(scale q k^T + mask) v, in 16 bits with
+//   float32 accumulation. Causal masking is bottom-right aligned as in the forward: query i sees key j when
+//   j <= i + Tk - Tq. A query row that sees no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to
+//   dK or dV. Optionally the gradient of the lse output too (dlse): since d lse_i / d S_ij = P_ij, it only shifts
+//   the softmax's row term (delta_i below becomes delta_i - dlse_i).
+//
+// The math (per head; S = scale Q K^T masked, P = softmax(S) by rows, O = P V; reference/backward.py)
+//   dV = P^T dO          dP = dO V^T          dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic
+//   dQ = scale dS K      dK = scale dS^T Q
+//   P is never stored by the forward: it is recomputed here from the forward's lse, one exp2 per score:
+//   P_ij = 2^(c S_ij - lse_i log2 e) with c = scale log2 e, exactly the normalised probability.
+//
+// Three kernels, launched in this order (kernels/flash/flash2_mma_bwd.py)
+//   flash2_bwd_preprocess  one warp per query row: delta_i = rowsum(dO * O) - dlse_i (float32), lse2_i = lse_i log2 e
+//                          (+inf for a row that sees no key, so that 2^(c s - lse2) = 0), and the row of the float32
+//                          dQ accumulator set to 0.  grid = ceil(B H Tq / PRE_WARPS), block = 32 PRE_WARPS.
+//   flash2_bwd_main        one block per (K/V tile of BC keys, b h). The block keeps its K and V tile in shared
+//                          memory and its dK, dV accumulators in registers, and walks the query tiles (BR rows):
+//
+//       for each query tile i (causal: from the first tile that sees one of the block's keys):
+//           wait for Q_i, dO_i (cp.async, double buffered: tile i+1 streams in while tile i computes)
+//           S^T  = K Q_i^T                 per warp: its 16 keys x BR queries, in float32 registers
+//           P^T  = 2^(c S^T - lse2)        masked keys / queries -> 0
+//           dV  += P^T dO_i                P^T from registers (the C layout is the next A layout), dO by ldmatrix.trans
+//           dP^T = V dO_i^T
+//           dS^T = P^T * (dP^T - delta)    -> 16 bits, kept in registers AND written to shared memory (sdS)
+//           dK  += dS^T Q_i                dS^T from registers, Q by ldmatrix.trans
+//           __syncthreads                  (sdS complete: every warp's keys)
+//           dQ_i += dS K                   (BR x BC)(BC x D): each warp a slice of the BR x D tile, dS by
+//                                          ldmatrix.trans from sdS, K by ldmatrix.trans; float32 atomic adds
+//                                          into the dQ accumulator in global memory (four floats per instruction
+//                                          on Hopper)
+//       dK = scale dK, dV -> 16 bits, stored
+//   flash2_bwd_convert     dQ = scale * dQ accumulator -> 16 bits (element-wise).
+//
+// Why dQ by atomics (and not a second pass)
+//   dK and dV sum over queries, dQ over keys: no single loop order keeps all three in registers. FlashAttention-2
+//   loops over queries inside a K/V block (dK, dV in registers) and adds each block's share of dQ to a float32
+//   accumulator with atomics. The alternative, a second kernel with one block per query tile looping over K/V
+//   tiles, needs no atomics and no float32 scratch (B H Tq d x 4 bytes), but recomputes S = Q K^T and dP = dO V^T:
+//   two of the five matrix products again, 40% more tensor work. The atomics add every element of dQ once per K/V
+//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: with one float per
+//   instruction they were this kernel's bottleneck on the H100 (notebook 12, exercise 6); Hopper's vector atomics
+//   (atomicAdd on a float4, compute capability 9.0) add four neighbouring floats at once, after one lane swap
+//   puts four consecutive columns of one row in each lane, and BC = 128 keys per block halves the count again.
+//   Their order varies from run to run, so dQ is not bitwise reproducible (float32 sums in a different order),
+//   while dK and dV are.
+//
+// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4), as in flash2_mma.cu
+//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
+//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
+//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
+//   Two C tiles side by side (columns 0..7 and 8..15) are, element for element, one A tile (columns 0..15): so
+//   P^T and dS^T (keys x queries) are A operands of dV += P^T dO and dK += dS^T Q without leaving the registers.
+//
+// Shared memory (16-bit elements unless said; rows padded by SMEM_PAD = 8 elements = 16 bytes against bank conflicts)
+//   sK [BC][D+8], sV [BC][D+8], sQ [2][BR][D+8], sdO [2][BR][D+8], sdS [BC][BR+8], lse2 [2][BR] f32, delta [2][BR] f32
+//   bytes = 2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR     (kernels/flash/flash2_mma_bwd.py: BwdTile.smem_bytes)
+//
+// Launch (main kernel): grid = (ceil(Tk / BC), B H), block = 32 NWARPS with BC = 16 NWARPS (each warp owns 16 keys).
+//   blockIdx.x = 0 is the first K/V tile: under a causal mask it sees the most query tiles, so the longest blocks
+//   start first.
+//
+// Limits (checked by kernels/flash/flash2_mma_bwd.py): d % 8 == 0 and d <= D for a build D in {32, 64, 96, 128} (columns
+//   d..D-1 zero-filled, never written); any Tq, Tk >= 1 (rows past the end zero-filled on load, masked, not stored);
+//   q, k, v, o, dO 16-byte aligned and contiguous (B, H, T, d); lse, delta, lse2 float32 (B, H, Tq); the float32
+//   dQ accumulator (B, H, Tq, d) 16-byte aligned for the vector atomics (the launcher puts it at the start of its
+//   workspace, delta and lse2 after it).
+//
+// Numerics: products in 16 bits (P and dS rounded to 16 bits before their products, as in FlashAttention-2), sums in
+//   float32; exp2 by ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
+//
+// What the next version improves: each warp re-reads the whole Q and dO tile from shared memory for its 16 keys
+//   (FlashAttention-2 splits the S tile over warps in both directions to share those reads), a second barrier per
+//   query tile that could overlap with the next tile's products, and on Hopper wgmma + TMA (FlashAttention-3).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define DEVICE __device__ __forceinline__
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define POS_INF (__int_as_float(0x7f800000))
+#define FULL_MASK 0xffffffffu
+#define LOG2E 1.4426950408889634f
+
+// Elements of padding per shared-memory row (16 bytes); the launcher passes -DSMEM_PAD from its own constant.
+#ifndef SMEM_PAD
+#define SMEM_PAD 8
+#endif
+// Warps (query rows) per block of the preprocess kernel; the launcher passes -DPRE_WARPS.
+#ifndef PRE_WARPS
+#define PRE_WARPS 4
+#endif
+
+enum : int {
+    WARP_SIZE = 32,
+    MMA_M = 16,  // rows of an mma.m16n8k16 tile
+    MMA_N = 8,   // columns
+    MMA_K = 16,  // depth
+    CHUNK = 8,   // 16-bit elements in one 16-byte cp.async / ldmatrix row
+};
+static_assert(PRE_WARPS >= 1 && PRE_WARPS <= 32, "PRE_WARPS: 1..32 warps per preprocess block");
+static_assert(SMEM_PAD % CHUNK == 0, "SMEM_PAD must keep shared rows 16-byte aligned");
+
+// ---------------------------------------------------------------------------------------------------------
+// PTX wrappers (the same instructions and names as flash2_mma.cu; this file stands alone).
+// ---------------------------------------------------------------------------------------------------------
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared without registers; in_range = false writes 16 zero bytes and reads nothing.
+DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
+    const int src_bytes = in_range ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>
+DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
+
+// Four 8x8 matrices: lane l gives the address of row l % 8 of matrix l / 8 and gets, of matrix i, row l / 4,
+// columns 2(l % 4) and 2(l % 4) + 1 in r[i]. The .trans form gives rows 2(l % 4), 2(l % 4) + 1 of column l / 4.
+DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
+template <bool BF16>
+DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if constexpr (BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
+template <bool BF16>
+DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+// One 16-bit value -> float.
+template <bool BF16>
+DEVICE float to_float(u16 x) {
+    float f;
+    if constexpr (BF16) {
+        f = __uint_as_float(((u32)x) << 16);
+    } else {
+        asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+    }
+    return f;
+}
+
+DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEVICE float warp_sum(float x) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o /= 2) x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
+
+// Rows [row0, row0 + ROWS) of a (T x d) 16-bit matrix (rows d elements apart) -> the shared tile at `tile`
+// ([ROWS][D + SMEM_PAD], 32-bit shared address); rows past T and columns past d are zero-filled.
+template <int ROWS, int D, int NTHREADS>
+DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int T, int d) {
+    constexpr int CHUNKS = D / CHUNK;
+    constexpr int LD = D + SMEM_PAD;
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NTHREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const int row = row0 + r;
+        const bool ok = row < T && c * CHUNK < d;
+        cp_async_16(tile + 2 * (r * LD + c * CHUNK), ok ? src + (long long)row * d + c * CHUNK : src, ok);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Warp-level products. acc has the C layout: 16 rows (g, g + 8) x N columns (n-tile nt: columns 8nt + 2t, +1).
+// ---------------------------------------------------------------------------------------------------------
+
+// acc = A B^T: A = 16 rows of a shared tile (a_lane: this lane's ldmatrix address for row l % 16, column half
+// l / 16), B = N rows of another shared tile (b_tile: its first row; row stride LD), depth KD.
+// Used for S^T = K Q^T and dP^T = V dO^T (the warp's 16 keys against the BR queries).
+template <int KD, int N, int LD, bool BF16>
+DEVICE void warp_abt(float (&acc)[N / MMA_N][4], u32 a_lane, u32 b_tile) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    // B rows (the n index) l % 8 + 8 (l / 16), column half (l / 8) % 2: b[0], b[1] n-tile 2np; b[2], b[3] 2np + 1
+    const u32 b_lane = b_tile + 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
+#pragma unroll
+    for (int nt = 0; nt < N / MMA_N; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD / MMA_K; ++kk) {
+        u32 a[4];
+        ldmatrix_x4(a, a_lane + 2 * kk * MMA_K);
+#pragma unroll
+        for (int np = 0; np < N / (2 * MMA_N); ++np) {
+            u32 b[4];
+            ldmatrix_x4(b, b_lane + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
+            mma_16816<BF16>(acc[2 * np], a, b[0], b[1]);
+            mma_16816<BF16>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// The A fragments of a 16 x KD 16-bit matrix held in C-layout float registers (KD / 8 n-tiles): k-step kk takes
+// n-tiles 2kk (columns 0..7) and 2kk + 1 (columns 8..15).
+template <int KD, bool BF16>
+DEVICE void c_to_a(u32 (&a)[KD / MMA_K][4], const float (&c)[KD / MMA_N][4]) {
+#pragma unroll
+    for (int kk = 0; kk < KD / MMA_K; ++kk) {
+        a[kk][0] = pack2<BF16>(c[2 * kk][0], c[2 * kk][1]);          // row g,   columns 0..7
+        a[kk][1] = pack2<BF16>(c[2 * kk][2], c[2 * kk][3]);          // row g+8, columns 0..7
+        a[kk][2] = pack2<BF16>(c[2 * kk + 1][0], c[2 * kk + 1][1]);  // row g,   columns 8..15
+        a[kk][3] = pack2<BF16>(c[2 * kk + 1][2], c[2 * kk + 1][3]);  // row g+8, columns 8..15
+    }
+}
+
+// acc += A B: A from registers (16 x KD, A fragments), B = a shared tile [KD][LD] read k-major with ldmatrix.trans
+// (its rows are the depth), N columns from column 0 of b_tile.
+// Used for dV += P^T dO, dK += dS^T Q (depth = the BR queries).
+template <int KD, int N, int LD, bool BF16>
+DEVICE void warp_ab_regs(float (&acc)[N / MMA_N][4], const u32 (&a)[KD / MMA_K][4], u32 b_tile) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    // B rows (depth) l % 8 + 8 ((l / 8) % 2), column half l / 16
+    const u32 b_lane = b_tile + 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
+#pragma unroll
+    for (int kk = 0; kk < KD / MMA_K; ++kk) {
+#pragma unroll
+        for (int np = 0; np < N / (2 * MMA_N); ++np) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, b_lane + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+            mma_16816<BF16>(acc[2 * np], a[kk], b[0], b[1]);
+            mma_16816<BF16>(acc[2 * np + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel 1: delta = rowsum(dO * O) - dlse, lse2 = lse * log2(e) (+inf where lse = -inf), dQ accumulator row = 0.
+// One warp per row of the (B H Tq) rows; dlse may be null.
+// ---------------------------------------------------------------------------------------------------------
+template <bool BF16>
+__global__ void __launch_bounds__(PRE_WARPS * WARP_SIZE)
+flash2_bwd_preprocess(const u16* __restrict__ o, const u16* __restrict__ dout, const float* __restrict__ lse,
+                      const float* __restrict__ dlse, float* __restrict__ delta, float* __restrict__ lse2,
+                      float* __restrict__ dq_acc, long long rows, int d) {
+    const long long row = (long long)blockIdx.x * PRE_WARPS + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    if (row >= rows) return;
+    const u16* orow = o + row * d;
+    const u16* drow = dout + row * d;
+    float* qrow = dq_acc + row * d;
+    float s = 0.f;
+    for (int c = lane; c < d; c += WARP_SIZE) {
+        s += to_float<BF16>(orow[c]) * to_float<BF16>(drow[c]);
+        qrow[c] = 0.f;
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+        const float l = lse[row];
+        delta[row] = s - (dlse != nullptr ? dlse[row] : 0.f);
+        lse2[row] = l == NEG_INF ? POS_INF : l * LOG2E;  // a row that sees no key: 2^(c s - inf) = 0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel 3: dq = scale * dq_acc, rounded to 16 bits, two elements per thread (d is even).
+// ---------------------------------------------------------------------------------------------------------
+template <bool BF16>
+__global__ void flash2_bwd_convert(const float* __restrict__ dq_acc, u16* __restrict__ dq, long long pairs,
+                                   float scale) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pairs;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float2 x = reinterpret_cast<const float2*>(dq_acc)[i];
+        reinterpret_cast<u32*>(dq)[i] = pack2<BF16>(x.x * scale, x.y * scale);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel 2: one block per (K/V tile, b h). D: head-dim build; BR: queries per tile; NWARPS: warps (BC = 16 NWARPS
+// keys); MIN_BLOCKS: blocks per SM the compiler must leave registers for.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BR, int NWARPS, int MIN_BLOCKS, bool BF16>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                const u16* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ delta,
+                float* __restrict__ dq_acc, u16* __restrict__ dk, u16* __restrict__ dv, int Tq, int Tk, int d,
+                float scale, int causal) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr int BC = MMA_M * NWARPS;   // keys per block: 16 per warp
+    constexpr int LD = D + SMEM_PAD;     // row stride of the Q, dO, K, V tiles (elements)
+    constexpr int LDS = BR + SMEM_PAD;   // row stride of sdS
+    constexpr int S_NT = BR / MMA_N;     // n-tiles of S^T, dP^T (queries)
+    constexpr int O_NT = D / MMA_N;      // n-tiles of dK, dV (head dims)
+    constexpr int QM = BR / MMA_M;       // m-tiles of the dQ tile
+    constexpr int WN = NWARPS / QM;      // warps sharing one m-tile of dQ, each DN columns
+    constexpr int DN = D / WN;
+    static_assert(D % MMA_K == 0 && D >= 32 && D <= 128, "D must be a multiple of 16 in [32, 128]");
+    static_assert(BR % (2 * MMA_N) == 0 && BR >= 16, "BR must be a multiple of 16");
+    static_assert(NWARPS >= 1 && NTHREADS <= 1024, "bad warp count");
+    static_assert(NWARPS % QM == 0 && D % WN == 0 && DN % (2 * MMA_N) == 0,
+                  "the dQ tile (BR x D) must split into whole 16-row, 16-column slices, one per warp");
+    static_assert(NTHREADS >= BR, "one thread per query row loads lse2 and delta");
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 sK = smem_addr(smem_raw);
+    const u32 sV = sK + 2 * BC * LD;
+    const u32 sQ = sV + 2 * BC * LD;          // [2][BR][LD]
+    const u32 sdO = sQ + 2 * 2 * BR * LD;     // [2][BR][LD]
+    const u32 sdS = sdO + 2 * 2 * BR * LD;    // [BC][LDS]
+    float* s_lse2 = reinterpret_cast<float*>(smem_raw + 2 * (2 * BC * LD + 4 * BR * LD + BC * LDS));  // [2][BR]
+    float* s_delta = s_lse2 + 2 * BR;                                                                  // [2][BR]
+    constexpr u32 TILE_Q = 2 * BR * LD;       // bytes of one Q (or dO) stage
+
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.y;
+    const int k0 = blockIdx.x * BC;
+    const int diag = Tk - Tq;  // query i sees keys j <= i + diag
+    const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d, r_base = (long long)bh * Tq;
+
+    // ---- the query tiles this K/V tile meets; K, V and the first Q, dO tile in flight ----------------------
+    int first = 0;  // causal: the first query that sees key k0 is k0 - diag
+    if (causal) first = max(0, k0 - diag) / BR;
+    const int n_qtiles = (Tq + BR - 1) / BR;
+
+    load_tile_async<BC, D, NTHREADS>(sK, k + k_base, k0, Tk, d);
+    load_tile_async<BC, D, NTHREADS>(sV, v + k_base, k0, Tk, d);
+    if (first < n_qtiles) {
+        load_tile_async<BR, D, NTHREADS>(sQ, q + q_base, first * BR, Tq, d);
+        load_tile_async<BR, D, NTHREADS>(sdO, dout + q_base, first * BR, Tq, d);
+        if (threadIdx.x < BR) {
+            const int row = first * BR + threadIdx.x;
+            s_lse2[threadIdx.x] = row < Tq ? lse2[r_base + row] : POS_INF;  // a row past Tq: P = 0
+            s_delta[threadIdx.x] = row < Tq ? delta[r_base + row] : 0.f;
+        }
+    }
+    cp_async_commit();
+
+    float acc_dk[O_NT][4], acc_dv[O_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
+
+    // this lane's ldmatrix row address in sK / sV as an A operand (keys 16 warp + l % 16, column half l / 16)
+    const u32 a_off = 2 * ((warp * MMA_M + lane % 16) * LD + (lane / 16) * CHUNK);
+    // the warp's slice of the dQ tile: m-tile qm (queries), columns [dn0, dn0 + DN)
+    const int qm = warp % QM, dn0 = (warp / QM) * DN;
+    // dS as the A operand of dQ = dS K, read transposed from sdS [keys][queries]: matrix l / 8 of the x4 is
+    // (keys 8 (l / 16) + l % 8, queries 16 qm + 8 ((l / 8) % 2))
+    const u32 ds_lane = sdS + 2 * (((lane / 16) * 8 + lane % 8) * LDS + qm * MMA_M + ((lane / 8) % 2) * CHUNK);
+    // K as the B operand of dQ = dS K (depth = keys, ldmatrix.trans): key rows l % 8 + 8 ((l / 8) % 2), half l / 16
+    const u32 kt_lane = sK + 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + dn0 + (lane / 16) * CHUNK);
+    const float scale_log2 = scale * LOG2E;
+
+    // ---- the loop over query tiles: two barriers per tile ----------------------------------------------------
+    for (int i = first; i < n_qtiles; ++i) {
+        const int stage = (i - first) & 1;
+        const int q0 = i * BR;
+        cp_async_wait<0>();
+        __syncthreads();  // tile i (and lse2, delta) visible to all; every warp is done with tile i-1's stage and sdS
+        float next_lse2 = POS_INF, next_delta = 0.f;
+        if (i + 1 < n_qtiles) {  // tile i+1 streams into the other stage while this one computes
+            load_tile_async<BR, D, NTHREADS>(sQ + (stage ^ 1) * TILE_Q, q + q_base, q0 + BR, Tq, d);
+            load_tile_async<BR, D, NTHREADS>(sdO + (stage ^ 1) * TILE_Q, dout + q_base, q0 + BR, Tq, d);
+            cp_async_commit();
+            const int row = q0 + BR + threadIdx.x;
+            if (threadIdx.x < BR && row < Tq) {  // loaded now, stored at the end of the tile
+                next_lse2 = lse2[r_base + row];
+                next_delta = delta[r_base + row];
+            }
+        }
+        const u32 q_tile = sQ + stage * TILE_Q, do_tile = sdO + stage * TILE_Q;
+        // lse2 and delta of this lane's query columns 2t, 2t + 1 of each n-tile: one 8-byte shared load per pair
+        const float2* tl = reinterpret_cast<const float2*>(s_lse2 + stage * BR) + t;
+        const float2* td = reinterpret_cast<const float2*>(s_delta + stage * BR) + t;
+
+        // S^T = K Q^T (16 keys x BR queries), then P^T = 2^(c S^T - lse2) in place, masked entries 0
+        float acc_s[S_NT][4];
+        warp_abt<D, BR, LD, BF16>(acc_s, sK + a_off, q_tile);
+        const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+            const float2 l2 = tl[nt * (MMA_N / 2)];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = nt * MMA_N + 2 * t + (e & 1);  // query within the tile
+                const int key = k0 + warp * MMA_M + g + 8 * (e >> 1);
+                float s = acc_s[nt][e];
+                if (edge && (key >= Tk || (causal && key > q0 + col + diag))) s = NEG_INF;
+                acc_s[nt][e] = exp2_ftz(fmaf(s, scale_log2, -((e & 1) ? l2.y : l2.x)));
+            }
+        }
+        // dV += P^T dO
+        {
+            u32 a[BR / MMA_K][4];
+            c_to_a<BR, BF16>(a, acc_s);
+            warp_ab_regs<BR, D, LD, BF16>(acc_dv, a, do_tile);
+        }
+        // dP^T = V dO^T; dS^T = P^T (dP^T - delta)
+        float acc_dp[S_NT][4];
+        warp_abt<D, BR, LD, BF16>(acc_dp, sV + a_off, do_tile);
+#pragma unroll
+        for (int nt = 0; nt < S_NT; ++nt) {
+            const float2 dl = td[nt * (MMA_N / 2)];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+        }
+        // dS^T -> 16 bits: the A operand of dK += dS^T Q, and sdS for dQ
+        {
+            u32 a[BR / MMA_K][4];
+            c_to_a<BR, BF16>(a, acc_dp);
+#pragma unroll
+            for (int kk = 0; kk < BR / MMA_K; ++kk) {  // a[kk][0..3]: (g, 0..7), (g+8, 0..7), (g, 8..15), (g+8, 8..15)
+                unsigned char* base = smem_raw + (sdS - sK);
+                u32* r0 = reinterpret_cast<u32*>(base + 2 * ((warp * MMA_M + g) * LDS + kk * MMA_K + 2 * t));
+                u32* r1 = reinterpret_cast<u32*>(base + 2 * ((warp * MMA_M + g + 8) * LDS + kk * MMA_K + 2 * t));
+                r0[0] = a[kk][0];
+                r1[0] = a[kk][1];
+                r0[CHUNK / 2] = a[kk][2];
+                r1[CHUNK / 2] = a[kk][3];
+            }
+            warp_ab_regs<BR, D, LD, BF16>(acc_dk, a, q_tile);
+        }
+        __syncthreads();  // sdS holds every warp's keys
+
+        // dQ_i += dS K: this warp's 16 queries x DN columns, depth BC keys, then float32 atomic adds
+        {
+            float acc_q[DN / MMA_N][4];
+#pragma unroll
+            for (int nt = 0; nt < DN / MMA_N; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BC / MMA_K; ++kk) {
+                u32 a[4];
+                ldmatrix_x4_trans(a, ds_lane + 2 * kk * MMA_K * LDS);
+#pragma unroll
+                for (int np = 0; np < DN / (2 * MMA_N); ++np) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, kt_lane + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+                    mma_16816<BF16>(acc_q[2 * np], a, b[0], b[1]);
+                    mma_16816<BF16>(acc_q[2 * np + 1], a, b[2], b[3]);
+                }
+            }
+            // acc_q has the C layout: lane (g, t) holds columns 2t, 2t+1 of rows g and g + 8 in each n-tile.
+#pragma unroll
+            for (int nt = 0; nt < DN / MMA_N; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                // Hopper adds four floats in one reduction. Lanes t and t^1 trade halves: the even lane then holds
+                // columns 2t..2t+3 of row g, the odd lane columns 2t-2..2t+1 of row g + 8 (16-byte aligned, as
+                // d % 8 == 0 and the accumulator starts 16-byte aligned).
+                const bool odd = t & 1;
+                const float s0 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][0] : acc_q[nt][2], 1);
+                const float s1 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][1] : acc_q[nt][3], 1);
+                const int row = q0 + qm * MMA_M + g + (odd ? 8 : 0);
+                const int col = dn0 + nt * MMA_N + 2 * (t & ~1);
+                if (row < Tq && col < d) {
+                    const float4 x = odd ? make_float4(s0, s1, acc_q[nt][2], acc_q[nt][3])
+                                         : make_float4(acc_q[nt][0], acc_q[nt][1], s0, s1);
+                    atomicAdd(reinterpret_cast<float4*>(dq_acc + q_base + (long long)row * d + col), x);
+                }
+#else
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // before Hopper: 32-bit reductions, two per row
+                    const int row = q0 + qm * MMA_M + g + 8 * h;
+                    const int col = dn0 + nt * MMA_N + 2 * t;
+                    if (row < Tq && col < d) {
+                        float* dst = dq_acc + q_base + (long long)row * d + col;
+                        atomicAdd(dst, acc_q[nt][2 * h]);
+                        atomicAdd(dst + 1, acc_q[nt][2 * h + 1]);
+                    }
+                }
+#endif
+            }
+        }
+        if (threadIdx.x < BR) {  // the next tile's lse2 and delta, into the stage no warp reads now
+            s_lse2[(stage ^ 1) * BR + threadIdx.x] = next_lse2;
+            s_delta[(stage ^ 1) * BR + threadIdx.x] = next_delta;
+        }
+    }
+    cp_async_wait<0>();  // nothing in flight at exit
+
+    // ---- dK = scale dK, dV: 16 bits, rows < Tk and columns < d --------------------------------------------------
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = k0 + warp * MMA_M + g + 8 * h;
+        if (key < Tk) {
+#pragma unroll
+            for (int nt = 0; nt < O_NT; ++nt) {
+                const int col = nt * MMA_N + 2 * t;
+                if (col < d) {
+                    const long long at = k_base + (long long)key * d + col;
+                    *reinterpret_cast<u32*>(dk + at) =
+                        pack2<BF16>(acc_dk[nt][2 * h] * scale, acc_dk[nt][2 * h + 1] * scale);
+                    *reinterpret_cast<u32*>(dv + at) = pack2<BF16>(acc_dv[nt][2 * h], acc_dv[nt][2 * h + 1]);
+                }
+            }
+        }
+    }
+}
+
+// ---- the builds the launcher uses by default (kernels/flash/flash2_mma_bwd.py: TILES), instantiated so that
+// `nvcc -c flash2_mma_bwd.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name.
+#ifndef __CUDACC_RTC__
+#define FLASH2_BWD_INSTANTIATE(D, BR, NWARPS, MIN_BLOCKS, BF16)                                                     \
+    template __global__ void flash2_bwd_main<D, BR, NWARPS, MIN_BLOCKS, BF16>(                                      \
+        const u16*, const u16*, const u16*, const u16*, const float*, const float*, float*, u16*, u16*, int, int,  \
+        int, float, int);
+FLASH2_BWD_INSTANTIATE(32, 128, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(64, 128, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(96, 64, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(128, 64, 8, 1, false)
+FLASH2_BWD_INSTANTIATE(32, 128, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(64, 128, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(96, 64, 8, 1, true)
+FLASH2_BWD_INSTANTIATE(128, 64, 8, 1, true)
+template __global__ void flash2_bwd_preprocess<false>(const u16*, const u16*, const float*, const float*, float*,
+                                                      float*, float*, long long, int);
+template __global__ void flash2_bwd_preprocess<true>(const u16*, const u16*, const float*, const float*, float*,
+                                                     float*, float*, long long, int);
+template __global__ void flash2_bwd_convert<false>(const float*, u16*, long long, float);
+template __global__ void flash2_bwd_convert<true>(const float*, u16*, long long, float);
+#endif

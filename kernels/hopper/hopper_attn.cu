@@ -1,0 +1,885 @@
+// hopper_attn.cu -- FlashAttention-3-style attention forward on Hopper: TMA loads, wgmma from shared memory for
+// S = Q K^T, wgmma with P in registers for O += P V (fp16/bf16 in, float32 accumulation, float32 LSE).
+//
+// Checked on an H100 against the float64 reference (tests/test_attention_gpu.py and test_hopper_attn_gpu.py; the
+// variant hopper_fa3, in kernels.STAGING) and clean under compute-sanitizer's memcheck, racecheck and synccheck;
+// tests/test_hopper_attn_compile.py checks its SASS.
+//
+// What it computes
+//   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)
+//   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64 or 128, float16 or bfloat16.
+//   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
+//   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu.
+//
+// Where it sits in the course
+//   flash2_mma.cu    FlashAttention-2 on mma.sync: every warp loads its own operands (cp.async, ldmatrix) and
+//                    multiplies 16 x 8 x 16 pieces; loads and math are issued by the same warps.
+//   hopper_gemm.cu   Hopper's engines on a plain GEMM: TMA fills a ring of shared-memory slots, a producer warp only
+//                    loads, consumer warpgroups only multiply, wgmma reads both operands from shared memory.
+//   this file        the attention loop on those engines, as FlashAttention-3 does it: per K/V tile, S = Q K^T by wgmma
+//                    (both operands in shared memory), the online softmax on S's accumulator registers, then
+//                    O += P V by wgmma with P taken straight from registers (the "register-A" form), V from shared
+//                    memory read in its natural (keys, d) layout through an MN-major ("transposed B") descriptor.
+//                    Two schedules keep the tensor cores busy while the softmax runs (next section); K and V have
+//                    rings and barriers of their own; with no causal mask the CTAs are persistent.
+//   not here         what FlashAttention-3 also has: a TMA store of O, a dynamic tile scheduler (so that causal
+//                    launches can be persistent too), and FP8.
+//
+// Tiles (Shape<D>, from -D BLOCK_M_D64 ... STAGES_D128; kernels/hopper/hopper_attn.py picks them per D and mask)
+//   A CTA computes one work tile at a time: BLOCK_M query rows (64 per consumer warpgroup) of one (batch, head),
+//   against K/V tiles of BLOCK_N keys. D = 64: 192 x 128 (three consumer warpgroups: with O only 32 registers a
+//   thread, a CTA has room for a third, and each K/V byte loaded serves 192 rows instead of 128). D = 128: 128 x 176
+//   (fewer, longer K/V tiles: less per-tile overhead for the same products), 128 x 128 under the causal mask.
+//
+// Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
+// c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent")
+//
+//   producer (warpgroup 0, one thread)              consumer warpgroups 1 .. C (64 query rows each)
+//   for each work tile of this CTA:                 for each work tile of this CTA:
+//     wait  q_empty;  TMA Q tile -> sQ  (q_full)      wait q_full
+//     K_0, then for j = 1 .. n_tiles:                 for j in 0 .. n_tiles-1:
+//       K_j (if j < n_tiles), V_{j-1}, each:            wait k_full[s]
+//         wait  k_empty[s] / v_empty[s]                 S = Q K_j^T      D/16 wgmma m64nNk16 (N = BLOCK_N), SS form
+//         expect k_full[s] / v_full[s] += tile bytes    arrive k_empty[s]
+//         TMA  K_j -> sK[s] / V_j -> sV[s]              scale, mask, online softmax on S (exp2), O *= alpha
+//                                                       P = 16-bit(S) in registers
+//                                                       wait v_full[s]
+//                                                       O += P V_j       BLOCK_N/16 wgmma m64nDk16, RS form
+//                                                       arrive v_empty[s]
+//                                                     arrive q_empty (after the tile's last S)
+//                                                     o = O / l, lse = (m + log2 l) ln 2  -> global (rows < Tq)
+//
+//   K_j goes ahead of V_{j-1} because the pipelined loop below needs them in that order. While the consumers write
+//   one tile's O, the producer already loads the next tile's Q, K and V (persistent launches).
+//
+//   That consumer loop is the plain schedule (OVERLAP = 0): every step waits for the one before, so while a warpgroup
+//   computes its softmax (exp2 on the special function unit, 64 BLOCK_N per K/V tile) its tensor-core work is done. Two
+//   schedules, both on by default, fill that gap (kernels/hopper/hopper_attn.py can build the kernel without either, to
+//   measure them; the results agree to rounding):
+//
+//   OVERLAP = 1, software pipelining inside a warpgroup. S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together
+//     as two commit groups; wgmma.wait_group 1 returns when the first is done, and the softmax of S_j runs while the
+//     second is still on the tensor cores:
+//         S_0 = Q K_0^T; wait; softmax(S_0) -> P_0
+//         for j = 1 .. n_tiles - 1:
+//             issue S_j = Q K_j^T;  issue O += P_{j-1} V_{j-1}
+//             wait_group 1 (S_j ready);  softmax(S_j)          <- under the P V products
+//             wait_group 0;  release V_{j-1}'s slot;  O *= alpha_j;  P_j = 16-bit(p_j)
+//         O += P_{n-1} V_{n-1}; wait; release the last V slot
+//     P_{j-1} V_{j-1} lands in O before it is scaled by alpha_j = exp2(m_{j-1} - m_j), which is right: both P_{j-1}
+//     and the old O are relative to m_{j-1}. K_j's slot is released as soon as S_j is done and V_{j-1}'s once its
+//     product is, so with separate K and V rings two slots each are enough: the load into a slot is issued about an
+//     iteration before the tile is needed.
+//   PINGPONG = 1, the consumer warpgroups take turns, round robin, at issuing their wgmmas (a named barrier each, see
+//     Turns), so one warpgroup's products run while the others compute their softmax instead of all competing for
+//     the tensor cores at the same moments.
+//
+//   n_tiles = ceil(n_end / BLOCK_N) with n_end = Tk, or under the causal mask the first key that no row of the CTA
+//   sees: min(Tk, last_row + Tk - Tq + 1), last_row = min(m0 + BLOCK_M, Tq) - 1. Tiles wholly above the diagonal are
+//   never loaded. The producer and the consumers compute n_tiles with the same function (kv_tiles below), so they
+//   agree on how many times the rings turn. n_tiles = 0 (every row of the work tile sees no key: Tq > Tk under the
+//   causal mask) skips the Q load too; the consumers then write o = 0 and lse = -inf without waiting on anything.
+//
+// Shared memory (dynamic, aligned up to 1024 bytes)
+//   [sQ: BLOCK_M x D][slot 0: sK BLOCK_N x D, sV BLOCK_N x D][slot 1 ...] ... STAGES slots, 16-bit elements.
+//   Every tile is stored in the 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B, wgmma's swizzle mode 1): a row of
+//   64 elements (128 bytes) is eight 16-byte chunks, chunk c of row r stored at position c ^ (r % 8); see
+//   hopper_gemm.cu for the picture. A 128-byte swizzle row holds at most 64 16-bit elements, so a D = 128 tile is
+//   stored as two column halves, each its own R x 64 swizzled block (R rows x 128 bytes), half h at h * R * 128 bytes;
+//   one TMA box (64 columns x R rows) fills one half. D = 64 has one half.
+//
+//       sK (D = 128, BLOCK_N = 176):   [ keys 0..175, d 0..63   : 22 KB ][ keys 0..175, d 64..127 : 22 KB ]
+//
+// S = Q K^T: both operands K-major (d contiguous), as in hopper_gemm.cu (imm-trans-a = imm-trans-b = 0)
+//   k-step kk (d elements 16 kk .. 16 kk + 15) lies in half kk / 4 at byte 32 (kk % 4) of each row, so the start
+//   address of both descriptors is  tile + (kk / 4) * rows * 128 + (kk % 4) * 32;  stride byte offset 1024 (from one
+//   8-row group to the next), leading byte offset unused (the 16-element k extent lies inside one 128-byte row).
+//   Consumer cw's 64 rows of sQ start 64 cw rows = 8 KB further in each half.
+//
+// O += P V: V is (keys, d) with d contiguous; in O = P V the reduction (K) axis is the key and N is d, so V is a
+//   B operand whose N axis is contiguous: "N-major" (= MN-major, the transposed B of the PTX ISA), imm-trans-b = 1.
+//   The canonical MN-major 128-byte-swizzle layout (PTX ISA "Shared Memory Matrix Layout";
+//   CUTLASS writes it ((8 x 8, n), (8, k)) : ((1 x 8, LBO), (64, SBO)) in elements) is:
+//     - along N: 64 contiguous elements = one 128-byte swizzled row; the next 64 N-elements lie LBO bytes further
+//     - along K: 8 rows of 128 bytes form one 1024-byte swizzle atom; the next 8 K-rows lie SBO bytes further
+//   Our sV half-blocks are exactly that: one key per 128-byte row, keys r and r + 8 1024 bytes apart (SBO = 1024),
+//   d columns 64..127 in the second half, BLOCK_N * 128 bytes further (LBO = 22528 for 176 keys; unused when D = 64,
+//   where one 64-element row covers all of N). k-step kk (keys 16 kk .. 16 kk + 15) starts at row 16 kk:
+//   sV + kk * 2048, a multiple of 1024, so the descriptor's base offset stays 0. Note that the meaning of the two
+//   offset fields swaps compared with the K-major case: there SBO walks the M/N axis and LBO is unused.
+//
+// The register-A operand of wgmma
+//   For m64nNk16 with 16-bit A in registers, each thread holds four 32-bit registers a0..a3 of the 64 x 16 A tile:
+//   warp w of the warpgroup owns rows 16 w .. 16 w + 15, lane = 4 g + t:
+//     a0 = A[16 w + g][2 t, 2 t + 1]      a1 = A[16 w + g + 8][2 t, 2 t + 1]
+//     a2 = A[16 w + g][2 t + 8, + 9]      a3 = A[16 w + g + 8][2 t + 8, + 9]       (low half = the lower column)
+//   (the mma.sync m16n8k16 A fragment, one per warp). The float32 accumulator of S = Q K^T (m64nN) gives thread
+//   (w, g, t) the values
+//     s[4 i + 0, 1] = S[16 w + g][8 i + 2 t, + 1]      s[4 i + 2, 3] = S[16 w + g + 8][8 i + 2 t, + 1]
+//   so for k-step kk of P V (keys 16 kk .. 16 kk + 15 = column groups i = 2 kk and 2 kk + 1):
+//     a0 = pack(s[8 kk + 0], s[8 kk + 1])   a1 = pack(s[8 kk + 2], s[8 kk + 3])
+//     a2 = pack(s[8 kk + 4], s[8 kk + 5])   a3 = pack(s[8 kk + 6], s[8 kk + 7])
+//   i.e. register j of k-step kk is pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]): P needs no shuffle at all, only a
+//   conversion to 16 bits in place. (This identity is why FlashAttention-3 keeps P in registers.)
+//
+// Online softmax (per row, in log2 units: x = scale * log2(e) * s, computed in registers on S's fragments)
+//   m' = max(m, max_j x_j);  alpha = exp2(m - m');  p_j = exp2(x_j - m');  l' = alpha l + sum_j p_j;  O' = alpha O
+//   A thread holds BLOCK_N / 4 of a row's scores per tile; the row max is completed across the four threads t = 0..3
+//   of a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
+//   alpha) and is reduced across the quad once, at the end. While a row has seen no visible key, m = -inf and the
+//   exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0 and O stays 0.
+//   Masked scores (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or,
+//   under the causal mask, the diagonal of this warpgroup's rows are masked.
+//   Two savings in instructions per score, which the measurements point to as the softmax's limit on the H100 (more
+//   than the special function unit's 16 exp2 per cycle per SM; see "Tried and dropped"), both as in flash2_mma.cu:
+//   - The scale is folded into the exponent. In a tile without a mask the scores stay raw: the row maximum is taken
+//     over raw s and scaled once (the minimum when scale < 0), and x_j - m' is one FFMA, s_j * scale log2(e) - m'.
+//     Per score that leaves FMNMX, FFMA, MUFU.EX2, FADD (for l) and half an F2FP (to 16 bits).
+//   - Lazy rescaling (LAZY_RESCALE = 1): m is kept unless a tile's maximum exceeds it by more than RESCALE_SLACK = 8
+//     (log2 units). Then alpha = 1 and O needs no rescale; a warp skips O *= alpha (D / 2 FMULs per thread) when
+//     every alpha of its rows is 1, which after the first few tiles is nearly always. Nothing is lost: p <= 2^8 is
+//     rounded to float16 or bfloat16 with the same relative precision as p <= 1 (only the exponent is larger), O and
+//     l are float32, and o = O / l and lse = m + log2 l use the same m.
+//   Tried and dropped: computing a share of the exponentials on the FMA units by a polynomial, to unload the special
+//   function unit (what FlashAttention-4 does on Blackwell). On the H100 it made every configuration slower (d = 64,
+//   T = 4096: 482 TFLOP/s with every exp2 on MUFU, 462 with 1/8 of them polynomial, 444 with 1/4): each polynomial
+//   exp2 costs about ten issued instructions instead of one.
+
+// mbarriers and their phases (as in hopper_gemm.cu)
+//   q_full: 1 arrival (the producer's arrive.expect_tx of Q_BYTES) + Q_BYTES of TMA, once per work tile that loads Q.
+//   q_empty: one arrival per consumer warp, once per such work tile, after its last S = Q K^T: the next Q may land.
+//   k_full[s], v_full[s]: 1 arrival + KV_TILE_BYTES of TMA; consumers wait parity `phase`.
+//   k_empty[s], v_empty[s]: one arrival per consumer warp (8 or 12); the producer waits parity `phase ^ 1` (a fresh
+//   barrier reports the phase before its first as complete, so the first pass through a ring does not wait).
+//   Each side keeps a position (slot, phase) per ring and flips `phase` whenever the slot wraps to 0; the positions
+//   run on from one work tile to the next. TMA counts the whole box, including the parts past Tq / Tk that it fills
+//   with zeros.
+//
+// Launch configuration
+//   grid  = (G): G = m_count * heads (one CTA per work tile; the GPU starts the next CTA as an SM frees up), or the
+//           number of SMs (persistent: the launcher's choice without the causal mask, where all work tiles cost the
+//           same; under the mask a fixed round robin would give some SMs only the long tiles).
+//   block = 128 (1 + C) threads: warpgroup 0 the producer (one thread issues TMA, the rest idle), then C = 2 or 3
+//           consumer warpgroups.
+//   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64
+//           (192 x 128, 4 slots), 214016 at D = 128 (128 x 176, 2 slots), 164864 under the causal mask (128 x 128,
+//           2 slots); the barriers are static. SMEM_BYTES below; kernels/hopper/hopper_attn.py mirrors it (a test ties them).
+//   registers: __launch_bounds__(THREADS, 1) gives 168 per thread for 384 threads, 128 for 512; setmaxnreg moves them
+//           from the producer warpgroup (down to 24 or 32) to the consumers (up to 240 or 160), which hold S
+//           (BLOCK_N / 2 float32), O (D / 2 float32) and P (BLOCK_N / 4 x 32-bit).
+//   Three CUtensorMaps (Q, K, V: (D, T, B*H) 16-bit tensors read in boxes of 64 columns x BLOCK_M (Q) or BLOCK_N
+//   (K, V) rows with the 128-byte swizzle, built on the host by cuTensorMapEncodeTiled) are `const __grid_constant__`
+//   parameters.
+//
+// Limits (checked by kernels/hopper/hopper_attn.py before launch)
+//   Hopper only: built for sm_90a; any other target (the course's compile test for sm_80..sm_90, `nvcc -c` alone)
+//   leaves the Hopper code out and the entry points are stubs that trap. D in {64, 128}; q, k, v C-contiguous and
+//   16-byte aligned (TMA); any Tq, Tk >= 1 (TMA zero-fills the rows of a box past the end, stores are guarded);
+//   m_count * heads work tiles below 2^30 (their indices, plus gridDim.x, stay 32-bit).
+//
+// Numerics
+//   16-bit products, float32 sums (wgmma accumulators), softmax in float32 with ex2.approx.ftz; P (at most 2^8 with
+//   lazy rescaling) rounded to the inputs' 16-bit type (round to nearest) before P V, l summed from the unrounded p,
+//   o rounded once at the end.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define DEVICE __device__ __forceinline__
+
+// ---- tile sizes per head dimension (the launcher passes them with -D; these defaults are what `nvcc -c` sees) ----
+#ifndef BLOCK_M_D64
+#define BLOCK_M_D64 192    // query rows per CTA: three consumer warpgroups of 64
+#endif
+#ifndef BLOCK_N_D64
+#define BLOCK_N_D64 128    // keys per K/V tile
+#endif
+#ifndef STAGES_D64
+#define STAGES_D64 4       // K/V ring slots
+#endif
+#ifndef BLOCK_M_D128
+#define BLOCK_M_D128 128   // two consumer warpgroups
+#endif
+#ifndef BLOCK_N_D128
+#define BLOCK_N_D128 176   // the launcher builds 128 for the causal mask (fewer keys past the diagonal)
+#endif
+#ifndef STAGES_D128
+#define STAGES_D128 2
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1      // 1: the softmax of tile j runs while O += P V of tile j - 1 is on the tensor cores
+#endif
+#ifndef PINGPONG
+#define PINGPONG 1     // 1: the consumer warpgroups take turns at the tensor cores (named barriers)
+#endif
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 1 // 1: keep the running max unless a tile exceeds it by more than RESCALE_SLACK (see the header)
+#endif
+
+constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
+constexpr int WARPGROUP = 128;                              // 4 warps issue one wgmma together
+constexpr int WGMMA_M = 64, WGMMA_K = 16;
+constexpr int SWIZZLE_BYTES = 128;                          // one 128-byte swizzle row
+constexpr int SWIZZLE_ELEMS = SWIZZLE_BYTES / ELEM_BYTES;   // 64 elements: one TMA box's width, one tile "half"
+constexpr int SWIZZLE_ATOM = 8 * SWIZZLE_BYTES;             // 8 rows: the period of the XOR pattern (1024 bytes)
+constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // every tile starts on a swizzle-atom boundary
+constexpr int SMEM_LIMIT = 227 * 1024;                      // static + dynamic shared memory a block may have
+constexpr int REGISTER_FILE = 65536;                        // 32-bit registers per SM
+
+// Everything that follows from the head dimension D: the tile (BLOCK_M query rows x BLOCK_N keys), the ring, the
+// warpgroups and how setmaxnreg shares the register file among them.
+template <int D> struct Shape {
+    static_assert(D == 64 || D == 128, "head dimension 64 or 128");
+    static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : BLOCK_M_D128;
+    static constexpr int BLOCK_N = D == 64 ? BLOCK_N_D64 : BLOCK_N_D128;
+    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int CONSUMERS = BLOCK_M / WGMMA_M;              // consumer warpgroups, 64 query rows each
+    static constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);      // + 1 producer warpgroup
+    static constexpr int CONSUMER_WARPS = CONSUMERS * WARPGROUP / 32;  // arrivals that release a ring slot
+    static constexpr int LAUNCH_REGS = REGISTER_FILE / THREADS / 8 * 8;  // __launch_bounds__(THREADS, 1): 168 / 128
+    // setmaxnreg: the producer warpgroup gives registers up, the consumers take them (2 consumers: 24 + 2 x 240 =
+    // 3 x 168; 3 consumers: 32 + 3 x 160 = 4 x 128)
+    static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 24 : 32;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int HALVES = D / SWIZZLE_ELEMS;                 // 64-column swizzled blocks per tile row
+    static constexpr int S_ACC = WGMMA_M * BLOCK_N / WARPGROUP;      // float32 S accumulators per thread (BLOCK_N / 2)
+    static constexpr int P_REGS = S_ACC / 2;                         // P as 16-bit pairs
+    static constexpr int PV_STEPS = BLOCK_N / WGMMA_K;               // k-steps of O += P V
+    static constexpr int O_ACC = WGMMA_M * D / WARPGROUP;            // float32 O accumulators per thread (32 or 64)
+    static constexpr int QK_STEPS = D / WGMMA_K;                     // k-steps of S = Q K^T (4 or 8)
+    static constexpr int Q_BYTES = BLOCK_M * D * ELEM_BYTES;         // what TMA delivers to q_full
+    static constexpr int KV_TILE_BYTES = BLOCK_N * D * ELEM_BYTES;   // one K or one V tile: what k_full / v_full get
+    static constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;            // slot s: K then V
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + SMEM_ALIGN;  // the launcher's request
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "BLOCK_M = 128 or 192: two or three consumer warpgroups");
+    static_assert(BLOCK_N == 128 || BLOCK_N == 176 || BLOCK_N == 192, "S = Q K^T is one m64nNk16 chain, N = BLOCK_N");
+    static_assert(BLOCK_M <= 256 && BLOCK_N <= 256, "a TMA box is at most 256 rows");
+    static_assert(PV_STEPS * 4 == P_REGS, "each P V k-step takes four 32-bit A registers");
+    static_assert(PRODUCER_REGS >= 24 && CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256,
+                  "setmaxnreg takes multiples of 8 in [24, 256]");
+    static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
+                  "the consumers cannot take more registers than the producer gives up");
+    static_assert(STAGES >= 2 && STAGES <= 8, "the ring needs 2..8 slots");
+    static_assert(SMEM_BYTES + 8 * (2 + 4 * STAGES) <= SMEM_LIMIT, "Q, the ring and the barriers fit in 227 KB");
+    static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_TILE_BYTES % SMEM_ALIGN == 0, "tiles start on 1024-byte bounds");
+};
+
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
+struct alignas(64) TensorMap {
+    u64 opaque[16];
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers (sm_90a)
+// ---------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr float LN2 = 0.6931471805599453f;
+constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 = 256 (see the header)
+#define NEG_INF __int_as_float(0xff800000)                  // -inf (NVRTC has no math.h for INFINITY)
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// mbarrier: init with an arrival count; arrive; arrive and announce the bytes TMA will deliver; wait on a parity.
+DEVICE void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DEVICE void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DEVICE void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {  // try_wait suspends the thread for a while inside the instruction; the loop does not spin hard
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// TMA: one box of a 3-D tensor (coordinates innermost first: column, row, batch*head) into shared memory, its bytes
+// counted against the mbarrier `bar`. The tensor map lives in parameter memory; TMA takes its generic address.
+DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+DEVICE void prefetch_tensor_map(const TensorMap& map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
+}
+
+// setmaxnreg: all threads of a warpgroup change their register allocation together.
+template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// wgmma bookkeeping: fence (register writes of ordinary instructions, to accumulators or to a register A operand,
+// are visible to the next wgmma), commit the wgmmas issued so far as one group, wait until at most N groups run.
+DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// The compiler must neither move nor copy registers that a running wgmma owns (accumulators, a register A operand)
+// across a fence or wait: an empty asm that "reads and writes" them pins them in place.
+template <int N> DEVICE void pin(float (&x)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int N> DEVICE void pin(u32 (&x)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i])::"memory");
+}
+
+// Shared-memory matrix descriptors (64 bits; PTX ISA "Matrix Descriptor Format"; the fields are described in
+// hopper_gemm.cu): start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in
+// 32-45, base offset 0 in 49-51 (every tile starts on a 1024-byte boundary), swizzle mode 1 = 128 bytes in 62-63.
+DEVICE u64 make_descriptor(u32 addr, u32 leading_bytes, u32 stride_bytes) {
+    constexpr u64 SWIZZLE_128B = 1;
+    return static_cast<u64>((addr & 0x3FFFF) >> 4)
+           | static_cast<u64>((leading_bytes & 0x3FFFF) >> 4) << 16
+           | static_cast<u64>((stride_bytes & 0x3FFFF) >> 4) << 32
+           | SWIZZLE_128B << 62;
+}
+// K-major (Q and K for S = Q K^T): the next 8 rows are one swizzle atom further; the leading offset is unused (1).
+DEVICE u64 kmajor_descriptor(u32 addr) { return make_descriptor(addr, 16, SWIZZLE_ATOM); }
+// MN-major (V for O = P V, with imm-trans-b = 1): the next 64 d-columns are a whole half-block further
+// (LBO = BLOCK_N * 128 bytes), the next 8 keys one swizzle atom further (SBO = 1024). See the header.
+template <int BLOCK_N> DEVICE u64 mnmajor_descriptor(u32 addr) {
+    return make_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
+}
+
+// ---- the wgmma instructions: accumulator lists written out (PTX wants each register named) ----
+#define REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+#define REGS_16 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS_32 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+#define REGS_48 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS_64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+#define REGS_80 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define REGS_88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define ACC_LIST32 "{" REGS_0 REGS_16 "}"
+#define ACC_LIST64 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 "}"
+#define ACC_LIST88 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 "}"
+#define ACC_LIST96 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 REGS_88 "}"
+#define ACC8(x, i) "+f"(x[i]), "+f"(x[i + 1]), "+f"(x[i + 2]), "+f"(x[i + 3]), \
+                   "+f"(x[i + 4]), "+f"(x[i + 5]), "+f"(x[i + 6]), "+f"(x[i + 7])
+#define ACC32(x) ACC8(x, 0), ACC8(x, 8), ACC8(x, 16), ACC8(x, 24)
+#define ACC64(x) ACC32(x), ACC8(x, 32), ACC8(x, 40), ACC8(x, 48), ACC8(x, 56)
+#define ACC88(x) ACC64(x), ACC8(x, 64), ACC8(x, 72), ACC8(x, 80)
+#define ACC96(x) ACC88(x), ACC8(x, 88)
+
+// S (64 x N, float32) = A (64 x 16) B^T + (accumulate ? S : 0), N = BLOCK_N = 128, 176 or 192 (N / 2 accumulators
+// per thread): both operands K-major in shared memory (SS form: imm-scale-a = imm-scale-b = 1, imm-trans-a =
+// imm-trans-b = 0). After the N / 2 accumulators come the A descriptor, the B descriptor and the accumulate flag.
+#define SS_N128(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " ACC_LIST64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
+    : ACC64(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define SS_N176(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPE "." TYPE " " ACC_LIST88 ", %88, %89, p, 1, 1, 0, 0;\n}\n" \
+    : ACC88(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define SS_N192(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
+    "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " " ACC_LIST96 ", %96, %97, p, 1, 1, 0, 0;\n}\n" \
+    : ACC96(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+template <bool BF16, int N> DEVICE void wgmma_ss(float (&s)[N], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(N == 64 || N == 88 || N == 96, "S tiles of 128, 176 or 192 keys");
+    if constexpr (N == 64) {
+        if constexpr (BF16) { SS_N128("bf16"); } else { SS_N128("f16"); }
+    } else if constexpr (N == 88) {
+        if constexpr (BF16) { SS_N176("bf16"); } else { SS_N176("f16"); }
+    } else {
+        if constexpr (BF16) { SS_N192("bf16"); } else { SS_N192("f16"); }
+    }
+}
+
+// O (64 x N, float32) += A (64 x 16, 16-bit, four registers a[0..3] per thread) B, B (16 x N) N-major in shared
+// memory (RS form: A from registers, imm-scale-a = imm-scale-b = 1, imm-trans-b = 1; the RS form has no
+// imm-trans-a). Always accumulates (O starts at zero).
+#define WGMMA_RS(TYPE, SHAPE, LIST, ACCS, OPERANDS) \
+    asm volatile("wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " LIST ", " OPERANDS \
+                 ", 1, 1, 1, 1;\n" \
+                 : ACCS(o) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+
+template <bool BF16> DEVICE void wgmma_rs(float (&o)[32], const u32 (&a)[4], u64 desc_b) {   // D = 64
+    if constexpr (BF16) { WGMMA_RS("bf16", "m64n64k16", ACC_LIST32, ACC32, "{%32, %33, %34, %35}, %36"); }
+    else { WGMMA_RS("f16", "m64n64k16", ACC_LIST32, ACC32, "{%32, %33, %34, %35}, %36"); }
+}
+template <bool BF16> DEVICE void wgmma_rs(float (&o)[64], const u32 (&a)[4], u64 desc_b) {   // D = 128
+    if constexpr (BF16) { WGMMA_RS("bf16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
+    else { WGMMA_RS("f16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
+}
+
+// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even.
+template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 2^x on the special function unit, flushing denormal results to zero (exp2f adds a range check and two multiplies
+// per call to get those right, which the softmax does not need); ex2.approx.ftz(-inf) = 0.
+DEVICE float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEVICE float quad_max(float x) {  // over the 4 threads t = 0..3 that share a row of the accumulator
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+DEVICE float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Named barriers (id 0 is __syncthreads): bar.sync waits until `count` threads have arrived at or synced on barrier
+// `id`; bar.arrive counts this thread and goes on. Ping-pong scheduling gives each consumer warpgroup one.
+DEVICE void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+DEVICE void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// The number of K/V tiles the CTA whose first query row is m0 visits (see the header). Producer and consumers both
+// call this, so they agree on the ring's turns.
+template <int BLOCK_M, int BLOCK_N> DEVICE int kv_tiles(int m0, int Tq, int Tk, int causal) {
+    int n_end = Tk;
+    if (causal) {
+        const int last_row = min(m0 + BLOCK_M, Tq) - 1;
+        n_end = min(Tk, last_row + (Tk - Tq) + 1);  // keys 0 .. last_row + Tk - Tq are visible to last_row
+    }
+    return n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---------------------------------------------------------------------------------------------
+// The consumer's steps, each on one warpgroup's 64 query rows (T = Shape<D>)
+// ---------------------------------------------------------------------------------------------
+
+// Issue S = Q K^T (D / 16 wgmmas, both operands K-major in shared memory) as one commit group, without waiting.
+// The first k-step overwrites S (accumulate = 0), so S needs no clearing.
+template <class T, bool BF16> DEVICE void issue_qk(float (&acc_s)[T::S_ACC], u32 sQ_wg, u32 sK) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::QK_STEPS; ++kk) {       // half kk / 4, byte 32 (kk % 4) within each row
+        const u32 off = (kk % 4) * WGMMA_K * ELEM_BYTES;
+        wgmma_ss<BF16>(acc_s, kmajor_descriptor(sQ_wg + (kk / 4) * T::BLOCK_M * SWIZZLE_BYTES + off),
+                       kmajor_descriptor(sK + (kk / 4) * T::BLOCK_N * SWIZZLE_BYTES + off), kk > 0);
+    }
+    wgmma_commit();
+}
+
+// Issue O += P V (BLOCK_N / 16 wgmmas, P from registers, V N-major in shared memory) as one commit group.
+template <class T, bool BF16> DEVICE void issue_pv(float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS], u32 sV) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::PV_STEPS; ++kk) {       // keys 16 kk .. 16 kk + 15: rows 16 kk of each half
+        const u32 a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma_rs<BF16>(acc_o, a, mnmajor_descriptor<T::BLOCK_N>(sV + kk * WGMMA_K * SWIZZLE_BYTES));
+    }
+    wgmma_commit();
+}
+
+// What one consumer thread needs to know about its rows for the softmax and the epilogue.
+struct RowInfo {
+    int row[2];       // its two query rows (accumulator halves h = 0, 1): 16 warp + g and + 8, from the CTA's m0
+    int first_row;    // the warpgroup's first query row: under the causal mask the one that sees the fewest keys
+    int t;            // lane % 4: its columns in every group of 8 are 2 t and 2 t + 1
+    int Tk, diag;     // key j is visible to query i when j < Tk and (no causal mask or j <= i + diag), diag = Tk - Tq
+    int causal;
+    float scale_log2; // scale * log2(e): the scores in log2 units
+};
+
+// Scale one tile of S to log2 units, in place, setting masked scores to -inf, and return each of the thread's two
+// rows' maximum over its values of the tile. Only for the tiles that need a mask (they reach past Tk or the causal
+// diagonal); the others are left as they are (raw_extreme).
+template <int N>
+DEVICE void scale_and_mask(float (&acc_s)[N], float (&tile_max)[2], const RowInfo& r, int n0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {                // column groups of 8: BLOCK_N / 8 = N / 4
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = n0 + 8 * i + 2 * r.t + e;
+                const bool hidden = (col >= r.Tk) | ((r.causal != 0) & (col > r.row[h] + r.diag));  // no branches
+                const float x = hidden ? NEG_INF : acc_s[4 * i + 2 * h + e] * r.scale_log2;
+                acc_s[4 * i + 2 * h + e] = x;
+                tile_max[h] = fmaxf(tile_max[h], x);
+            }
+        }
+    }
+}
+
+// The maximum (MAX) or minimum of each of the thread's two rows over its raw scores of the tile: with scale < 0 the
+// largest scaled score is the smallest raw one.
+template <bool MAX, int N> DEVICE void raw_extreme(const float (&acc_s)[N], float (&ext)[2]) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float a = acc_s[4 * i + 2 * h], b = acc_s[4 * i + 2 * h + 1];
+            ext[h] = MAX ? fmaxf(ext[h], fmaxf(a, b)) : fminf(ext[h], fminf(a, b));
+        }
+    }
+}
+
+// p = 2^(mul acc_s - ref) for one tile, in place, with this thread's row sums (float32, unrounded p). After
+// scale_and_mask, mul = 1 (masked entries, -inf, give 0); on raw scores mul = scale log2(e), and one FFMA per score
+// makes the exponent.
+template <int N>
+DEVICE void exponentiate(float (&acc_s)[N], float (&row_sum)[2], const float (&ref)[2], float mul) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2_ftz(fmaf(acc_s[4 * i + 2 * h], mul, -ref[h]));
+            const float p1 = exp2_ftz(fmaf(acc_s[4 * i + 2 * h + 1], mul, -ref[h]));
+            row_sum[h] += p0 + p1;                     // l sums the unrounded p
+            acc_s[4 * i + 2 * h] = p0;
+            acc_s[4 * i + 2 * h + 1] = p1;
+        }
+    }
+}
+
+// One tile of the online softmax, in place (see the header): S (float32 scores of keys n0 .. n0 + BLOCK_N - 1)
+// becomes p = exp2(x - m) with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial
+// row_sum (l) are brought up to date; alpha = exp2(m_old - m) is returned for O, which the caller rescales. With
+// LAZY_RESCALE, m stays where it is unless the tile's maximum exceeds it by more than RESCALE_SLACK (while it stays,
+// p <= 2^8 and alpha = 1: nothing to rescale).
+template <int N>
+DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
+                           const RowInfo& r, int n0) {
+    constexpr int BLOCK_N = 2 * N;
+    float tile_max[2] = {NEG_INF, NEG_INF};
+    // only tiles that reach past Tk, or (causal) past the diagonal of the warpgroup's first row, need a mask
+    const bool mask = n0 + BLOCK_N > r.Tk || (r.causal && n0 + BLOCK_N - 1 > r.first_row + r.diag);
+    if (mask) {
+        scale_and_mask(acc_s, tile_max, r, n0);
+    } else {                                        // raw scores: scale the two extremes, not every score
+        float ext[2];
+        if (r.scale_log2 >= 0.0f) {
+            ext[0] = ext[1] = NEG_INF;
+            raw_extreme<true>(acc_s, ext);
+        } else {
+            ext[0] = ext[1] = -NEG_INF;
+            raw_extreme<false>(acc_s, ext);
+        }
+        tile_max[0] = ext[0] * r.scale_log2;
+        tile_max[1] = ext[1] * r.scale_log2;
+    }
+    float ref[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float m_new = fmaxf(row_max[h], quad_max(tile_max[h]));
+        if (LAZY_RESCALE && m_new <= row_max[h] + RESCALE_SLACK) m_new = row_max[h];
+        ref[h] = m_new == NEG_INF ? 0.0f : m_new;    // a row with no visible key yet: p = 0, not NaN
+        alpha[h] = m_new == row_max[h] ? 1.0f : exp2_ftz(row_max[h] - ref[h]);  // 0 when leaving row_max = -inf
+        row_max[h] = m_new;
+        row_sum[h] *= alpha[h];
+    }
+    exponentiate(acc_s, row_sum, ref, mask ? 1.0f : r.scale_log2);
+}
+
+// p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V: register 2 i + h
+// holds the columns 8 i + 2 t, + 1 of row h, i.e. register j of k-step kk is pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]).
+template <bool BF16, int N> DEVICE void to_p(const float (&acc_s)[N], u32 (&p)[N / 2]) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) p[i] = pack2<BF16>(acc_s[2 * i], acc_s[2 * i + 1]);
+}
+
+// O *= alpha, row by row (values 4 i + 0, 1 are row 0 of the thread, 4 i + 2, 3 row 1); with LAZY_RESCALE only
+// when some row of the warp has alpha != 1 (a warp-uniform branch).
+template <int N> DEVICE void rescale(float (&acc_o)[N], const float (&alpha)[2]) {
+    if (LAZY_RESCALE && !__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) return;
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        acc_o[4 * i + 0] *= alpha[0];
+        acc_o[4 * i + 1] *= alpha[0];
+        acc_o[4 * i + 2] *= alpha[1];
+        acc_o[4 * i + 3] *= alpha[1];
+    }
+}
+
+// Ping-pong (PINGPONG = 1): the consumer warpgroups take turns, round robin, at issuing wgmmas. A "turn" is one burst
+// of issued wgmmas; consumer cw may start a turn once consumer cw - 1 (mod C) has finished issuing its previous one,
+// so the tensor cores run one warpgroup's products while the others compute their softmax instead of all competing
+// for the tensor cores at the same moments. Named barrier 1 + cw means "consumer cw's turn": cw waits on it
+// (bar.sync, 256 threads: its own 128 plus the previous consumer's 128 arrivals), and at the end of each turn arrives
+// at the next one's. Consumer 0 goes first: consumer C - 1 arrives at barrier 1 once before its first tile. All
+// consumers of a CTA take the same number of turns (they walk the same tiles), so the only arrival left over is
+// consumer C - 1's last one, at barrier 1; consumer 0 takes it with one more bar.sync after its last tile, and every
+// barrier ends the kernel balanced.
+template <int C> struct Turns {
+    int cw;          // this consumer warpgroup, 0 .. C - 1
+    DEVICE void start() const {
+        if (PINGPONG && cw == C - 1) named_arrive(1, 2 * WARPGROUP);
+    }
+    DEVICE void begin() const {
+        if (PINGPONG) named_sync(1 + cw, 2 * WARPGROUP);
+    }
+    DEVICE void end() const {
+        if (PINGPONG) named_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
+    }
+    DEVICE void finish() const {
+        if (PINGPONG && cw == 0) named_sync(1, 2 * WARPGROUP);
+    }
+};
+
+// A position in the K or V ring: slot s, and the parity of the barrier phase to wait for there.
+template <int STAGES> struct RingPos {
+    int s = 0;
+    u32 phase = 0;
+    DEVICE void advance() {
+        if (++s == STAGES) { s = 0; phase ^= 1; }
+    }
+};
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body, shared by the four entry points (dtype x D)
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF16>
+DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v, u16* o,
+                              float* lse, int Tq, int Tk, int heads, float scale_log2, int causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = Shape<D>;
+    constexpr int BLOCK_M = T::BLOCK_M, BLOCK_N = T::BLOCK_N;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ alignas(8) u64 q_full;                 // "sQ holds the tile's Q"
+    __shared__ alignas(8) u64 q_empty;                // "every consumer warp is done with sQ"
+    __shared__ alignas(8) u64 k_full[T::STAGES];      // "slot s holds K_j"
+    __shared__ alignas(8) u64 v_full[T::STAGES];      // "slot s holds V_j"
+    __shared__ alignas(8) u64 k_empty[T::STAGES];     // "every consumer warp is done with K in slot s"
+    __shared__ alignas(8) u64 v_empty[T::STAGES];     // "every consumer warp is done with V in slot s"
+
+    // ---- set-up: align the shared memory, initialise the barriers ---------------------------------------------
+    // Work tile w (0 .. m_count * heads - 1) is query tile m_count - 1 - w % m_count of (batch, head) w / m_count:
+    // the query tiles of one head are neighbours (they run together and share its K and V in L2), the last (the
+    // longest under the causal mask) first. CTA c takes tiles c, c + gridDim.x, ...: one each when the grid has a CTA
+    // per tile, several when the launcher makes it persistent (one CTA per SM).
+    const int m_count = (Tq + BLOCK_M - 1) / BLOCK_M;
+    const int work = m_count * heads;
+    const auto tile_of = [&](int w, int& m0, int& bh) {
+        bh = w / m_count;                              // (batch, head) = the tensor maps' third coordinate
+        m0 = (m_count - 1 - w % m_count) * BLOCK_M;
+    };
+    const u32 base = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
+    const u32 sQ = base, ring = base + T::Q_BYTES;    // slot s: sK at ring + s STAGE_BYTES, sV KV_TILE_BYTES on
+    const auto sK = [&](int s) { return ring + s * T::STAGE_BYTES; };
+    const auto sV = [&](int s) { return ring + s * T::STAGE_BYTES + T::KV_TILE_BYTES; };
+    const int warpgroup = threadIdx.x / WARPGROUP;
+
+    if (threadIdx.x == 0) {
+        mbar_init(smem_addr(&q_full), 1);
+        mbar_init(smem_addr(&q_empty), T::CONSUMER_WARPS);
+        for (int s = 0; s < T::STAGES; ++s) {
+            mbar_init(smem_addr(&k_full[s]), 1);
+            mbar_init(smem_addr(&v_full[s]), 1);
+            mbar_init(smem_addr(&k_empty[s]), T::CONSUMER_WARPS);
+            mbar_init(smem_addr(&v_empty[s]), T::CONSUMER_WARPS);
+        }
+        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: one thread issues every TMA copy ----------------------------------------------------------
+        regs_decrease<T::PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            prefetch_tensor_map(map_q);
+            prefetch_tensor_map(map_k);
+            prefetch_tensor_map(map_v);
+            // One tile of K (or V) into the next slot of its ring, once the consumers have released that slot (a
+            // fresh barrier reports the phase before its first as complete, so the first pass does not wait).
+            RingPos<T::STAGES> kpos, vpos;
+            u32 q_phase = 0;
+            for (int w = blockIdx.x; w < work; w += gridDim.x) {
+                int m0, bh;
+                tile_of(w, m0, bh);
+                const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
+                if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
+                const auto load = [&](const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u64* empty, u32 dst,
+                                      int j) {
+                    mbar_wait(smem_addr(&empty[pos.s]), pos.phase ^ 1);
+                    mbar_arrive_expect_tx(smem_addr(&full[pos.s]), T::KV_TILE_BYTES);
+#pragma unroll
+                    for (int h = 0; h < T::HALVES; ++h)
+                        tma_load_3d(dst + h * BLOCK_N * SWIZZLE_BYTES, map, h * SWIZZLE_ELEMS, j * BLOCK_N, bh,
+                                    smem_addr(&full[pos.s]));
+                    pos.advance();
+                };
+                // Q, once the consumers are done with the previous tile's (they release it after its last S)
+                mbar_wait(smem_addr(&q_empty), q_phase ^ 1);
+                mbar_arrive_expect_tx(smem_addr(&q_full), T::Q_BYTES);
+#pragma unroll
+                for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
+                    tma_load_3d(sQ + h * BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
+                                smem_addr(&q_full));
+                q_phase ^= 1;
+                // In the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first in
+                // iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}
+                for (int j = 0; j <= n_tiles; ++j) {
+                    if (j < n_tiles) load(map_k, kpos, k_full, k_empty, sK(kpos.s), j);
+                    if (j > 0) load(map_v, vpos, v_full, v_empty, sV(vpos.s), j - 1);
+                }
+            }
+        }
+    } else {
+        // ---- consumers: 64 query rows each ---------------------------------------------------------------------
+        regs_increase<T::CONSUMER_REGS>();
+        const int cw = warpgroup - 1;
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        const Turns<T::CONSUMERS> turns{cw};
+        const u32 sQ_wg = sQ + cw * WGMMA_M * SWIZZLE_BYTES;   // this warpgroup's rows, in each half
+        const auto release = [&](u64* empty, int s) { if (lane == 0) mbar_arrive(smem_addr(&empty[s])); };
+        RingPos<T::STAGES> kpos, vpos;                     // the slots of the next K and of the next V to use
+        // S = Q K^T of the next K tile on its own (one turn), waited for; K's slot handed back
+        const auto scores = [&](float (&acc_s)[T::S_ACC]) {
+            mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);
+            turns.begin();
+            issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));
+            turns.end();
+            wgmma_wait<0>();
+            pin(acc_s);
+            release(k_empty, kpos.s);
+            kpos.advance();
+        };
+        // O += P V of the next V tile on its own (one turn), waited for; V's slot handed back
+        const auto accumulate = [&](float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS]) {
+            mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);
+            turns.begin();
+            issue_pv<T, BF16>(acc_o, p, sV(vpos.s));
+            turns.end();
+            wgmma_wait<0>();                               // the tensor cores have finished reading V
+            pin(acc_o);
+            release(v_empty, vpos.s);
+            vpos.advance();
+        };
+        u32 q_phase = 0;
+        turns.start();
+        for (int w = blockIdx.x; w < work; w += gridDim.x) {
+            int m0, bh;
+            tile_of(w, m0, bh);
+            const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
+            RowInfo r;
+            r.first_row = m0 + cw * WGMMA_M;
+            r.row[0] = r.first_row + 16 * warp + lane / 4;
+            r.row[1] = r.row[0] + 8;
+            r.t = lane % 4;
+            r.Tk = Tk;
+            r.diag = Tk - Tq;
+            r.causal = causal;
+            r.scale_log2 = scale_log2;
+
+            float acc_o[T::O_ACC];
+#pragma unroll
+            for (int i = 0; i < T::O_ACC; ++i) acc_o[i] = 0.0f;
+            float row_max[2] = {NEG_INF, NEG_INF};         // m, in log2 units of the scaled scores
+            float row_sum[2] = {0.0f, 0.0f};               // l, this thread's partial sum (reduced at the end)
+            float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
+            u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
+            float alpha[2];
+
+            if (n_tiles > 0) {
+                mbar_wait(smem_addr(&q_full), q_phase);
+                q_phase ^= 1;
+            }
+            if (OVERLAP && n_tiles > 0) {
+                // Software pipelining inside the warpgroup: while the tensor cores compute O += P_{j-1} V_{j-1}, the
+                // warpgroup runs the softmax of S_j. K/V tile 0 only fills the pipeline: S_0 and its softmax.
+                scores(acc_s);
+                online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
+                to_p<BF16>(acc_s, p);
+                for (int j = 1; j < n_tiles; ++j) {
+                    mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);   // K_j
+                    mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);   // V_{j-1}
+                    turns.begin();
+                    issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));          // S_j = Q K_j^T          (commit group 1)
+                    issue_pv<T, BF16>(acc_o, p, sV(vpos.s));              // O += P_{j-1} V_{j-1}   (commit group 2)
+                    turns.end();
+                    wgmma_wait<1>();                       // group 1 is done; P V may still be running
+                    pin(acc_s);
+                    release(k_empty, kpos.s);
+                    kpos.advance();
+                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
+                    wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: O and P are free again
+                    pin(acc_o);
+                    pin(p);
+                    release(v_empty, vpos.s);
+                    vpos.advance();
+                    rescale(acc_o, alpha);
+                    to_p<BF16>(acc_s, p);
+                }
+                release(&q_empty, 0);                       // every S of the tile is done: the producer may load Q
+                accumulate(acc_o, p);                      // the last K/V tile's O += P V
+            } else {
+                // The plain loop: each step waits for the one before it.
+                for (int j = 0; j < n_tiles; ++j) {
+                    scores(acc_s);                         // S_j = Q K_j^T
+                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
+                    rescale(acc_o, alpha);
+                    to_p<BF16>(acc_s, p);
+                    accumulate(acc_o, p);                  // O += P_j V_j
+                }
+                if (n_tiles > 0) release(&q_empty, 0);
+            }
+
+            // ---- epilogue: o = O / l, lse = (m + log2 l) ln 2, rows < Tq only -------------------------------------
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float l = quad_sum(row_sum[h]);
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: o = 0
+                if (r.row[h] < Tq) {
+                    const long long row = static_cast<long long>(bh) * Tq + r.row[h];
+                    u32* const dst = reinterpret_cast<u32*>(o + row * D + 2 * r.t);
+#pragma unroll
+                    for (int i = 0; i < T::O_ACC / 4; ++i)     // columns 8 i + 2 t, + 1
+                        dst[4 * i] = pack2<BF16>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+                    if (lse != nullptr && r.t == 0)
+                        lse[row] = l > 0.0f ? (row_max[h] + __log2f(l)) * LN2 : NEG_INF;
+                }
+            }
+        }
+        turns.finish();
+    }
+#else
+    __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: float16 or bfloat16, D = 64 or 128
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
+hopper_attn_f16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                    const __grid_constant__ TensorMap map_v, u16* o, float* lse,
+                    int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<64, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+}
+
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
+hopper_attn_f16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
+                     int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<128, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+}
+
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
+hopper_attn_bf16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
+                     int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<64, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+}
+
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
+hopper_attn_bf16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
+                      const __grid_constant__ TensorMap map_v, u16* o, float* lse,
+                      int Tq, int Tk, int heads, float scale_log2, int causal) {
+    attention_forward<128, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+}

@@ -1,0 +1,493 @@
+// hopper_gemm.cu -- C = A B^T on Hopper: TMA into a shared-memory ring, wgmma straight from shared memory (fp16/bf16).
+//
+// What it computes
+//   C[b] = A[b] B[b]^T for every b < batch. A is (batch, M, K) and B is (batch, N, K), both row-major (K is the
+//   contiguous axis), float16 or bfloat16; C is (batch, M, N) row-major, float32 or the inputs' 16-bit type; the
+//   products are summed in float32. With A = Q and B = K of one attention head this is the score matrix S = Q K^T,
+//   the first of the two products that FlashAttention-3 runs on wgmma.
+//
+// Where it sits in the course
+//   flash2_mma.cu    mma.sync: each warp loads its operands from shared memory into registers (ldmatrix) and
+//                    issues 16x8x16 products; loads are cp.async, issued by the same warps that compute.
+//   this file        Hopper's two new engines. TMA (the Tensor Memory Accelerator) copies a whole 2-D tile from
+//                    global to shared memory on one thread's request, swizzled on the way. wgmma (warpgroup MMA)
+//                    lets four warps multiply a 64 x N tile whose operands stay in shared memory: no ldmatrix, no
+//                    operand registers. One warp only loads, the others only compute (warp specialisation).
+//   what's next      the attention kernel itself: S = Q K^T by wgmma as here, the softmax on the accumulator
+//                    registers, then O += P V with P from registers (the register-A form of wgmma).
+//
+// Algorithm (a persistent kernel: one block per SM, each block walks the output tiles tile = blockIdx.x, + gridDim.x)
+//
+//   producer warp (1 thread)                         consumer warpgroups 0 and 1 (rows 0-63 and 64-127 of the tile)
+//   for each tile, for each k-block kb:             for each tile, for each k-block kb:
+//     wait  empty[s]            (slot s is free)        wait full[s]           (A and B of kb have landed)
+//     expect full[s] += STAGE_BYTES                     4 x wgmma 64x256x16    (K = 64 = 4 steps of 16)
+//     TMA   A[b, tile rows, kb] -> slot s (sA)          wait for the wgmmas, then arrive on empty[s]
+//     TMA   B[b, tile cols, kb] -> slot s (sB)        epilogue, per chunk of 64 (float32) or 128 (16-bit) columns:
+//     s = s + 1 mod STAGES                                named barrier (the warpgroup's 128 threads)
+//                                                         accumulators -> the warpgroup's staging buffer (swizzled)
+//                                                         named barrier
+//                                                         buffer -> C, 16 bytes a thread, whole rows a warp (guarded)
+//
+//   The ring has STAGES slots; the producer runs up to STAGES k-blocks ahead, across tile boundaries too, so the
+//   loads of the next tile overlap the consumers' epilogue of this one (with K = 64 a tile is a single k-block, and
+//   writing C is most of the work). That is why the epilogue has buffers of its own rather than borrowing a slot.
+//
+// The epilogue (store_tile)
+//   wgmma leaves each thread pairs of neighbouring columns in 2 x 8 rows (layout below). Stored from there, a warp
+//   instruction writes 8 rows x 4 pairs: 8-byte (float32) or 4-byte (16-bit) pieces, so the 32-byte sectors of C are
+//   written in halves and quarters over several instructions. Instead each consumer warpgroup passes its 64 x 256
+//   tile through a 16 KB shared-memory buffer of 64 rows x 256 bytes, one column chunk at a time (4 chunks of 64
+//   float32 or 2 of 128 16-bit columns, rounded to C's type on the way in), and copies each chunk out in 16-byte
+//   pieces: lane l of warp w reads piece l % 16 of chunk row 2 w + l / 16 (+ 8, 16, ... 56), so a warp writes two
+//   whole 256-byte row segments of C per instruction. Only the warpgroup's own 128 threads synchronise, on named
+//   barrier 1 + (consumer index) (`bar.sync id, 128`): the other warpgroup and the producer do not wait.
+//   C's rows start every N elements, so 16-byte stores are aligned only when N * sizeof(C) % 16 == 0; otherwise (and
+//   never past column N or row M) the pieces are written element by element.
+//   Buffer swizzle, in units of 8 columns (one accumulator quadruple d[4i .. 4i+3] spans 8 columns of two rows):
+//
+//       chunk row r:  group q stored at group position q ^ (r % 8)   (32-byte groups for float32, 16-byte for 16-bit)
+//
+//   A warp's write covers one group of 8 rows r % 8 = 0..7, 256 bytes apart: unswizzled they would fall on the same
+//   8 banks (float32) or 4 (16-bit), an 8-way conflict; swizzled they take 2 wavefronts for 256 bytes (float32) or 1
+//   for 128 (16-bit), the least possible. A half-warp reading one row's 16 pieces gets a permutation of them: 4
+//   wavefronts for a warp's 512 bytes, again the least possible.
+//
+// mbarriers and their phases
+//   An mbarrier counts arrivals (and, for TMA, bytes). When the expected count is reached its phase completes and
+//   its phase bit flips; a waiter names the parity of the phase it waits for. full[s] expects 1 arrival (the
+//   producer's arrive.expect_tx) plus STAGE_BYTES bytes (TMA's complete_tx); empty[s] expects one arrival per
+//   consumer warp. Both sides walk the ring with (s, phase), flipping phase each time s wraps to 0. Consumers wait
+//   full[s] for parity `phase`; the producer waits empty[s] for parity `phase ^ 1`, which a fresh barrier reports
+//   as already complete, so the first pass through the ring does not wait.
+//
+// Shared memory: STAGES slots of [sA: BLOCK_M x 64][sB: BLOCK_N x 64] 16-bit elements, each row 128 bytes (dynamic),
+// plus one 64 x 256-byte epilogue staging buffer per consumer warpgroup and the mbarriers (static)
+//
+//   128-byte swizzle (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and wgmma reads with swizzle mode 1):
+//   a row of 64 elements is eight 16-byte chunks; in row r, chunk c is stored at chunk position c ^ (r % 8).
+//
+//       row 0:  c0 c1 c2 c3 c4 c5 c6 c7          A wgmma k-step reads chunks 2j, 2j+1 (16 elements) of 8 rows at
+//       row 1:  c1 c0 c3 c2 c5 c4 c7 c6          once; without the XOR all 8 rows would sit in the same 4 banks
+//       row 2:  c2 c3 c0 c1 c6 c7 c4 c5          (rows are 128 bytes apart); with it they cover all 32 banks.
+//       ...                                     The pattern repeats every 8 rows = 1024 bytes (a swizzle atom),
+//       row 7:  c7 c6 c5 c4 c3 c2 c1 c0          so every tile starts on a 1024-byte boundary.
+//
+// wgmma shared-memory descriptor (64 bits; PTX ISA, "Matrix Descriptor Format" of the warpgroup MMA section)
+//   bits  0-13  start address >> 4          the tile's shared address, + 32 bytes per k-step of 16 elements
+//   bits 16-29  leading byte offset >> 4    unused for a K-major swizzled tile (the K extent of one wgmma, 32 bytes,
+//                                           lies inside one 128-byte row); set to 1 as is customary
+//   bits 32-45  stride byte offset >> 4     1024: from one group of 8 rows (M or N) to the next
+//   bits 49-51  base offset                 0: every tile starts on a 1024-byte boundary
+//   bits 62-63  swizzle mode                1 = 128-byte swizzle
+//   The hardware applies the XOR to the address bits itself, so stepping the start address by 32 bytes inside the
+//   swizzled row is right: chunk 2j of row r is found at (2j ^ r%8), exactly where TMA put it.
+//
+// wgmma accumulator layout (m64nNk16, float32: N/2 registers per thread; warp w of the warpgroup, lane = 4 g + t)
+//   d[4i + 0], d[4i + 1]  ->  row 16 w + g,      columns 8 i + 2 t, 8 i + 2 t + 1
+//   d[4i + 2], d[4i + 3]  ->  row 16 w + g + 8,  the same columns                       (i = 0 .. N/8 - 1)
+//
+// Launch configuration
+//   grid  = min(number of tiles, number of SMs), tiles = batch * ceil(M / BLOCK_M) * ceil(N / BLOCK_N), N fastest
+//   block = 128 * (1 + BLOCK_M / 64) = 384 threads: warpgroup 0 the producer, warpgroups 1, 2 the consumers
+//   dynamic shared memory = STAGES * (BLOCK_M + BLOCK_N) * BLOCK_K * 2 + 1024 (alignment slack) = 197632 bytes
+//   static shared memory  = 2 x 64 x 256 (epilogue staging) + 2 * STAGES * 8 (mbarriers, padded to 128) = 32896 bytes
+//   in all 230528 bytes of the 232448 (227 KB) a block may have, 1920 to spare (static_assert). (cuobjdump -res-usage
+//   reports SHARED:33920: it adds the 1 KB the system reserves per block, which lies outside those 227 KB.)
+//   registers: __launch_bounds__(384, 1) gives 168 per thread; setmaxnreg moves them from the producer warpgroup
+//   (down to 40) to the consumers (up to 232), which hold 128 float32 accumulators each.
+//   The two CUtensorMaps (A and B, built on the host with cuTensorMapEncodeTiled, 128 bytes each) are kernel
+//   parameters: `const __grid_constant__` keeps them in parameter memory, where TMA may read them.
+//
+// Limits (checked by kernels/hopper/hopper_gemm.py before launch)
+//   Hopper only (compute capability 9.x; the sm_90a target): built with NVRTC for sm_90a by the launcher, or with
+//   nvcc -gencode=arch=compute_90a,code=sm_90a. Built for any other target (the course's compile test for sm_80..sm_90,
+//   `nvcc -c` alone) the Hopper code is left out and the kernels are stubs that trap.
+//   K % 8 == 0 (TMA needs row strides that are multiples of 16 bytes); A, B 16-byte aligned; any M, N, K >= 1:
+//   TMA fills the parts of a box that lie outside the tensor with zeros (rows past M or N, columns past K, and never
+//   the next batch entry, because batch is the tensor map's third dimension), and stores are guarded.
+//
+// Numerics
+//   16-bit products, float32 sums in the tensor cores' own order; a 16-bit C is rounded once (round to nearest).
+//
+// What comes next
+//   A TMA store of the staged chunks (cp.async.bulk.tensor from shared memory, issued by one thread, the threads free
+//   to stage the next chunk meanwhile); two consumer warpgroups taking turns (ping-pong) so that one's epilogue hides
+//   under the other's wgmmas; thread-block clusters that multicast the shared B tile.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define DEVICE __device__ __forceinline__
+
+// ---- tile sizes (the launcher passes them with -D; these defaults are what `nvcc -c` alone sees) ----
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 256
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 64
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+
+constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
+constexpr int WARPGROUP = 128;                              // 4 warps issue one wgmma together
+constexpr int WGMMA_M = 64, WGMMA_N = BLOCK_N, WGMMA_K = 16;
+constexpr int CONSUMERS = BLOCK_M / WGMMA_M;                // consumer warpgroups, 64 rows each
+constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);        // + 1 producer warpgroup
+constexpr int ACC = WGMMA_M * WGMMA_N / WARPGROUP;          // float32 accumulators per consumer thread (128)
+constexpr int ROW_BYTES = BLOCK_K * ELEM_BYTES;             // one row of a tile in shared memory
+constexpr int SWIZZLE_BYTES = 128;                          // the 128-byte swizzle: one row = 8 chunks of 16 bytes
+constexpr int SWIZZLE_ATOM = 8 * SWIZZLE_BYTES;             // 8 rows: the period of the XOR pattern
+constexpr int A_TILE_BYTES = BLOCK_M * ROW_BYTES;
+constexpr int B_TILE_BYTES = BLOCK_N * ROW_BYTES;
+constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;    // bytes TMA delivers per k-block (full boxes, OOB too)
+constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // tiles start on a swizzle-atom boundary (1024 bytes)
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (kernels/hopper/hopper_gemm.py)
+constexpr int EPI_ROW_BYTES = 256;                          // epilogue chunk row: 64 float32 or 128 16-bit columns
+constexpr int EPI_BYTES = WGMMA_M * EPI_ROW_BYTES;          // a consumer warpgroup's staging buffer: 64 rows, 16 KB
+constexpr int EPI_ALIGN = 128;                              // the staging buffers' alignment (16 for the vectors)
+constexpr int VEC_BYTES = 16;                               // epilogue: one shared-memory read, one store to C
+constexpr int EPI_ROW_VECS = EPI_ROW_BYTES / VEC_BYTES;     // 16-byte pieces per chunk row (16: half a warp)
+constexpr int EPI_PASS_ROWS = WARPGROUP / EPI_ROW_VECS;     // chunk rows the warpgroup copies per pass (8)
+constexpr int EPI_BARRIER = 1;                              // consumer cw syncs on named barrier 1 + cw
+constexpr int STATIC_SMEM_BYTES = CONSUMERS * EPI_BYTES + EPI_ALIGN;  // staging buffers + mbarriers (2 STAGES x 8 B)
+constexpr int SMEM_LIMIT = 227 * 1024;                      // static + dynamic shared memory a block may have (Hopper)
+constexpr int PRODUCER_REGS = 40;                           // setmaxnreg: the producer warpgroup gives registers up
+constexpr int CONSUMER_REGS = 232;                          // ... and the consumers take them
+constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;        // what __launch_bounds__(THREADS, 1) leaves: 168
+
+static_assert(BLOCK_K * ELEM_BYTES == SWIZZLE_BYTES, "a tile row must be exactly one 128-byte swizzle row");
+static_assert(BLOCK_M == 128, "two consumer warpgroups of 64 rows (setmaxnreg's budget below assumes 384 threads)");
+static_assert(BLOCK_N == 256, "the wgmma below is m64n256k16");
+static_assert(BLOCK_K % WGMMA_K == 0 && ACC == BLOCK_N / 2, "a k-block is whole k-steps; 64 x N float32 per warpgroup");
+static_assert(STAGES >= 2 && STAGES <= 8, "the ring needs 2..8 slots");
+static_assert(SMEM_BYTES + STATIC_SMEM_BYTES <= SMEM_LIMIT,
+              "the ring and the staging buffers must fit in the 227 KB of shared memory a block may have on Hopper");
+static_assert(2 * STAGES * 8 <= EPI_ALIGN, "STATIC_SMEM_BYTES counts the mbarriers within the buffers' alignment");
+static_assert(32 % EPI_ROW_VECS == 0 && WGMMA_M % EPI_PASS_ROWS == 0 && EPI_PASS_ROWS == 8,
+              "epilogue: a warp copies whole chunk rows; a pass covers 8 rows, the period of the staging swizzle");
+static_assert(EPI_BARRIER >= 1 && EPI_BARRIER + CONSUMERS <= 16, "named barriers are 0..15; 0 is __syncthreads'");
+static_assert(STAGE_BYTES % SMEM_ALIGN == 0 && A_TILE_BYTES % SMEM_ALIGN == 0 &&
+              (WGMMA_M * ROW_BYTES) % SMEM_ALIGN == 0, "every tile must start on a 1024-byte boundary");
+static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 && CONSUMER_REGS <= 256,
+              "setmaxnreg takes multiples of 8 in [24, 256]");
+static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
+              "the consumers cannot take more registers than the producer gives up");
+
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
+struct alignas(64) TensorMap {
+    u64 opaque[16];
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers (sm_90a). Each is one or two instructions; the comments say what they guarantee.
+// ---------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// mbarrier: init with an arrival count; arrive; arrive and announce bytes a TMA copy will deliver; wait on a parity.
+DEVICE void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DEVICE void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DEVICE void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {  // try_wait suspends the thread for a while inside the instruction, so this loop does not spin hard
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// TMA: copy one box of a 3-D tensor (coordinates innermost first: k, row, batch) into shared memory; the bytes are
+// counted against the mbarrier. The tensor map lives in parameter memory; its generic address is what TMA takes.
+DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+DEVICE void prefetch_tensor_map(const TensorMap& map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
+}
+
+// setmaxnreg: all threads of a warpgroup change their register allocation together.
+template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Named barrier `id` (1..15; 0 is __syncthreads') for COUNT threads, whole warps: here a warpgroup's own 128, so the
+// rest of the block runs on. Like __syncthreads it also orders the shared-memory accesses of the threads taking part.
+template <int COUNT> DEVICE void named_barrier_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
+}
+
+// wgmma bookkeeping: fence (registers written by ordinary instructions are visible to the next wgmma), commit the
+// wgmmas issued so far as one group, wait until at most N groups are still running.
+DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Tell the compiler that the accumulators are read and written here, so that it neither moves nor copies them across
+// a wgmma fence or wait (the registers belong to the tensor cores while a wgmma runs).
+DEVICE void pin_accumulators(float (&d)[ACC]) {
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The shared-memory descriptor of a K-major tile in the 128-byte swizzle (see the header for the fields).
+DEVICE u64 smem_descriptor(u32 addr) {
+    constexpr u64 LEADING_BYTE_OFFSET = 16;             // ignored for this layout
+    constexpr u64 STRIDE_BYTE_OFFSET = SWIZZLE_ATOM;    // 1024 bytes from one 8-row group to the next
+    constexpr u64 SWIZZLE_128B = 1;
+    return static_cast<u64>((addr & 0x3FFFF) >> 4)     // bits  0-13
+           | (LEADING_BYTE_OFFSET >> 4) << 16          // bits 16-29
+           | (STRIDE_BYTE_OFFSET >> 4) << 32           // bits 32-45
+           | SWIZZLE_128B << 62;                       // bits 62-63 (base offset, bits 49-51, stays 0)
+}
+
+// D (64 x 256, float32, 128 registers per thread) = A (64 x 16) B^T (16 x 256) + (accumulate ? D : 0), both operands
+// K-major in shared memory (imm-trans-a = imm-trans-b = 0), scale-a = scale-b = 1.
+#define WGMMA_D "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define WGMMA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                      "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WGMMA_ACC128 WGMMA_ACC8(0), WGMMA_ACC8(8), WGMMA_ACC8(16), WGMMA_ACC8(24), WGMMA_ACC8(32), WGMMA_ACC8(40), \
+    WGMMA_ACC8(48), WGMMA_ACC8(56), WGMMA_ACC8(64), WGMMA_ACC8(72), WGMMA_ACC8(80), WGMMA_ACC8(88), WGMMA_ACC8(96), \
+    WGMMA_ACC8(104), WGMMA_ACC8(112), WGMMA_ACC8(120)
+// %128 = A descriptor, %129 = B descriptor, %130 = accumulate flag (-> predicate scale-d)
+#define WGMMA_64x256x16(TYPE) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " \
+                 WGMMA_D ", %128, %129, p, 1, 1, 0, 0;\n}\n" \
+                 : WGMMA_ACC128 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+template <bool BF16>
+DEVICE void wgmma_64x256x16(float (&d)[ACC], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(ACC == 128, "WGMMA_D lists 128 accumulator registers");
+    if constexpr (BF16) {
+        WGMMA_64x256x16("bf16");
+    } else {
+        WGMMA_64x256x16("f16");
+    }
+}
+
+// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even (cvt packs its first
+// source into the upper half).
+template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
+    u32 r;
+    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// The epilogue (see the header): one consumer warpgroup's 64 x 256 accumulator tile -> C through its staging buffer
+// buf, in chunks of EPI_ROW_BYTES per row (64 float32 or 128 16-bit columns: 4 or 2 chunks). For each chunk:
+//   1. barrier   the warpgroup has finished reading the previous chunk out of the buffer
+//   2. write     each thread its pairs (row 16 w + g (+ 8), columns 8 i + 2 t, + 1) into the buffer; the 8-column
+//                group q of chunk row r goes to group position q ^ (r % 8)
+//   3. barrier   the whole chunk is in the buffer
+//   4. copy      16-byte pieces of the buffer to C: lane l of warp w takes piece l % 16 of row 2 w + l / 16 (+ 8 p),
+//                so each warp writes whole 256-byte row segments of C, guarded for rows >= M and columns >= N
+// row0, col0: the warpgroup's first row and column of C[b]; barrier: its named barrier.
+template <bool BF16, bool OUT16>
+DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, void* c, int M, int N, int b,
+                       int row0, int col0, int warp, int lane) {
+    constexpr int OUT_BYTES = OUT16 ? 2 : 4;
+    constexpr int GROUP_BYTES = 8 * OUT_BYTES;                     // 8 columns: one accumulator quadruple's span
+    constexpr int CHUNK_COLS = EPI_ROW_BYTES / OUT_BYTES;          // columns per staged chunk
+    constexpr int CHUNK_GROUPS = CHUNK_COLS / 8;
+    constexpr int VEC = VEC_BYTES / OUT_BYTES;                     // columns per 16-byte piece
+    constexpr int PASSES = WGMMA_M / EPI_PASS_ROWS;                // step 4 covers the chunk in 8 passes of 8 rows
+    static_assert(CHUNK_GROUPS >= 8 && WGMMA_N % CHUNK_COLS == 0, "the XOR with r % 8 stays inside a chunk row");
+
+    // step 2's place: row 16 w + g (+ 8) of the chunk, bytes t * 2 * OUT_BYTES of each column group
+    const int g = lane / 4, t = lane % 4;
+    unsigned char* const wr = buf + (16 * warp + g) * EPI_ROW_BYTES + t * 2 * OUT_BYTES;
+    // step 4's place: piece v of row r (then r + 8, r + 16, ...); r % 8 is the same in every pass
+    const int r = 2 * warp + lane / EPI_ROW_VECS, v = lane % EPI_ROW_VECS;
+    const unsigned char* const rd = buf + r * EPI_ROW_BYTES + (v ^ (r % 8) * (GROUP_BYTES / VEC_BYTES)) * VEC_BYTES;
+    // C rows start at multiples of N elements: 16-byte stores are aligned only if a row is a whole number of pieces
+    const bool vector = N % VEC == 0;
+    const long long row_stride = static_cast<long long>(N) * OUT_BYTES;
+    unsigned char* const out = static_cast<unsigned char*>(c) + (static_cast<long long>(b) * M + row0 + r) * row_stride;
+    const int rows_left = M - row0 - r;                           // pass p writes row r + 8 p if 8 p < rows_left
+
+#pragma unroll
+    for (int chunk = 0; chunk < WGMMA_N / CHUNK_COLS; ++chunk) {
+        named_barrier_sync<WARPGROUP>(barrier);                   // 1. the buffer is free again
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {                             // 2. registers -> buffer
+#pragma unroll
+            for (int q = 0; q < CHUNK_GROUPS; ++q) {
+                const int i = chunk * CHUNK_GROUPS + q;
+                unsigned char* p = wr + h * 8 * EPI_ROW_BYTES + (q ^ g) * GROUP_BYTES;  // (16 w + g + 8 h) % 8 = g
+                if constexpr (OUT16)
+                    *reinterpret_cast<u32*>(p) = pack2<BF16>(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+                else
+                    *reinterpret_cast<float2*>(p) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+            }
+        }
+        named_barrier_sync<WARPGROUP>(barrier);                   // 3. the chunk is complete
+        const int col = col0 + chunk * CHUNK_COLS + v * VEC;      // 4. buffer -> C
+        if (col < N) {
+            uint4 x[PASSES];                                      // all reads first: their latencies overlap
+#pragma unroll
+            for (int pass = 0; pass < PASSES; ++pass)
+                x[pass] = *reinterpret_cast<const uint4*>(rd + pass * EPI_PASS_ROWS * EPI_ROW_BYTES);
+            unsigned char* const dst = out + static_cast<long long>(col) * OUT_BYTES;
+#pragma unroll
+            for (int pass = 0; pass < PASSES; ++pass) {
+                if (pass * EPI_PASS_ROWS >= rows_left) break;
+                unsigned char* const p = dst + pass * EPI_PASS_ROWS * row_stride;
+                if (vector) {                                     // col + VEC <= N: N and col are multiples of VEC
+                    *reinterpret_cast<uint4*>(p) = x[pass];
+                } else {                                          // misaligned rows or the ragged edge: one by one
+                    const u32 w[4] = {x[pass].x, x[pass].y, x[pass].z, x[pass].w};
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        if (col + e >= N) break;
+                        if constexpr (OUT16)
+                            reinterpret_cast<u16*>(p)[e] = static_cast<u16>(w[e / 2] >> (16 * (e % 2)));
+                        else
+                            reinterpret_cast<u32*>(p)[e] = w[e];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body, shared by the four entry points (input type x output type)
+// ---------------------------------------------------------------------------------------------
+template <bool BF16, bool OUT16>
+DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, int M, int N, int K, int batch) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ alignas(8) u64 full_bar[STAGES];   // "slot s holds k-block data": TMA's bytes have landed
+    __shared__ alignas(8) u64 empty_bar[STAGES];  // "slot s may be overwritten": every consumer warp is done with it
+    __shared__ alignas(EPI_ALIGN) unsigned char epi_buf[CONSUMERS][EPI_BYTES];  // a staging buffer per consumer
+
+    // ---- set-up: align the ring, initialise the barriers -------------------------------------------------
+    const u32 ring = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
+    const int warpgroup = threadIdx.x / WARPGROUP;
+    const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M, tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
+    const int k_blocks = (K + BLOCK_K - 1) / BLOCK_K;
+    const int tiles = batch * tiles_m * tiles_n;  // < 2^31: checked by the launcher
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_addr(&full_bar[s]), 1);
+            mbar_init(smem_addr(&empty_bar[s]), CONSUMERS * WARPGROUP / 32);
+        }
+        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: one thread issues every TMA copy -----------------------------------------------------
+        regs_decrease<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            prefetch_tensor_map(map_a);
+            prefetch_tensor_map(map_b);
+            int s = 0;
+            u32 phase = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                const int tn = tile % tiles_n, tm = (tile / tiles_n) % tiles_m, b = tile / (tiles_n * tiles_m);
+                for (int kb = 0; kb < k_blocks; ++kb) {
+                    const u32 full = smem_addr(&full_bar[s]), slot = ring + s * STAGE_BYTES;
+                    mbar_wait(smem_addr(&empty_bar[s]), phase ^ 1);  // the consumers have released slot s
+                    mbar_arrive_expect_tx(full, STAGE_BYTES);        // full[s] completes when these bytes land
+                    tma_load_3d(slot, map_a, kb * BLOCK_K, tm * BLOCK_M, b, full);
+                    tma_load_3d(slot + A_TILE_BYTES, map_b, kb * BLOCK_K, tn * BLOCK_N, b, full);
+                    if (++s == STAGES) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {
+        // ---- consumers: wgmma on each slot as it fills, then the epilogue -----------------------------------
+        regs_increase<CONSUMER_REGS>();
+        const int cw = warpgroup - 1;                    // this warpgroup's 64 rows of the tile
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+        float d[ACC];
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) d[i] = 0.0f;
+        int s = 0;
+        u32 phase = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int tn = tile % tiles_n, tm = (tile / tiles_n) % tiles_m, b = tile / (tiles_n * tiles_m);
+            for (int kb = 0; kb < k_blocks; ++kb) {
+                mbar_wait(smem_addr(&full_bar[s]), phase);   // A and B of this k-block are in slot s
+                const u32 a_tile = ring + s * STAGE_BYTES + cw * WGMMA_M * ROW_BYTES;
+                const u32 b_tile = ring + s * STAGE_BYTES + A_TILE_BYTES;
+                pin_accumulators(d);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk)  // 16 elements = 32 bytes further along each row
+                    wgmma_64x256x16<BF16>(d, smem_descriptor(a_tile + kk * WGMMA_K * ELEM_BYTES),
+                                          smem_descriptor(b_tile + kk * WGMMA_K * ELEM_BYTES), kb > 0 || kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();                             // the tensor cores have finished reading slot s
+                pin_accumulators(d);
+                if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s]));
+                if (++s == STAGES) { s = 0; phase ^= 1; }
+            }
+
+            // ---- epilogue: accumulators -> staging buffer -> C in whole rows (store_tile above) ----------------
+            store_tile<BF16, OUT16>(d, epi_buf[cw], EPI_BARRIER + cw, c, M, N, b, tm * BLOCK_M + cw * WGMMA_M,
+                                    tn * BLOCK_N, warp, lane);
+        }
+    }
+#else
+    __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: C = A B^T with float16 or bfloat16 A, B and a float32 or 16-bit C
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+hopper_gemm_f16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
+                    int M, int N, int K, int batch) {
+    gemm_abt<false, false>(map_a, map_b, c, M, N, K, batch);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+hopper_gemm_bf16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
+                     int M, int N, int K, int batch) {
+    gemm_abt<true, false>(map_a, map_b, c, M, N, K, batch);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+hopper_gemm_f16_f16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
+                    int M, int N, int K, int batch) {
+    gemm_abt<false, true>(map_a, map_b, c, M, N, K, batch);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+hopper_gemm_bf16_bf16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
+                      int M, int N, int K, int batch) {
+    gemm_abt<true, true>(map_a, map_b, c, M, N, K, batch);
+}
