@@ -1,9 +1,11 @@
-"""Every kernels/*.cu compiles on its own, without a GPU, for each architecture the course supports.
+"""Every kernel file (kernels/<chapter folder>/*.cu) compiles on its own, without a GPU, for each architecture the
+course supports.
 
 NVRTC (the compiler CuPy uses at run time) comes from the `cuda-bindings` and `nvidia-cuda-nvrtc`
 wheels, and the CUDA headers (cuda_fp16.h, ...) from `nvidia-cuda-runtime`; so this runs on a CPU-only
-machine. A launcher module may list the builds it uses as NVRTC_BUILDS = [(name_expressions, defines)];
-each is compiled, so template instantiations and -D variants are checked too.
+machine. A launcher module may list the builds it uses as NVRTC_BUILDS = [(name_expressions, defines)] (or, for a
+launcher of several files, {file name: [...]}); each is compiled, so template instantiations and -D variants are
+checked too. A kernel file includes nothing but the PTX headers of kernels/ptx/ (and CUDA's own headers).
 
 Where nvcc is on the PATH, each file is also built alone with `nvcc -c` (no defines: the #ifndef defaults),
 and the object must hold every kernel the file declares: each extern "C" kernel by name, and each kernel
@@ -22,16 +24,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CU_FILES = sorted((ROOT / "kernels").glob("*.cu"))
+CU_FILES = sorted(p for p in (ROOT / "kernels").rglob("*.cu") if p.parent.name != "examples")
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
 
+def launcher_of(cu: Path):
+    """The launcher module of a kernel file: the module of its folder whose KERNEL_FILE names it or whose KERNEL_FILES
+    lists it (None if there is none)."""
+    folder = cu.parent
+    for py in sorted(folder.glob("*.py")):
+        if py.stem == "__init__":
+            continue
+        module = importlib.import_module(f"kernels.{folder.relative_to(ROOT / 'kernels').as_posix().replace('/', '.')}."
+                                         f"{py.stem}")
+        if getattr(module, "KERNEL_FILE", None) == cu.name or cu.name in getattr(module, "KERNEL_FILES", ()):
+            return module
+    return None
+
+
 def _builds(cu: Path):
-    try:
-        module = importlib.import_module(f"kernels.{cu.stem}")
-    except ModuleNotFoundError:
-        return [((), ())]
-    return getattr(module, "NVRTC_BUILDS", [((), ())])
+    builds = getattr(launcher_of(cu), "NVRTC_BUILDS", [((), ())])
+    if isinstance(builds, dict):
+        builds = builds.get(cu.name, [((), ())])
+    return builds
 
 
 def _cuda_include_dir():
@@ -52,7 +67,7 @@ def nvrtc_compile(source: str, name: str, arch: str, options=(), name_expression
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
     if inc is not None:
         opts.append(f"-I{inc}".encode())
-    from kernels._core import cuda_header_options  # crt/mma.h for <mma.h>, where the runtime wheel lacks it
+    from kernels.core import cuda_header_options  # crt/mma.h for <mma.h>, where the runtime wheel lacks it
 
     opts += [o.encode() for o in cuda_header_options()]
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
@@ -77,10 +92,12 @@ def test_there_are_kernels():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_nvrtc_compiles_standalone(cu, arch):
-    from kernels._core import NVRTC_OPTIONS
+    from kernels.core import NVRTC_OPTIONS
 
     source = cu.read_text()
-    assert '#include "' not in source, f"{cu.name} includes a project header; kernel files must stand alone"
+    for header in re.findall(r'#include\s+"([^"]+)"', source):
+        assert header.startswith("ptx/") and (ROOT / "kernels" / header).is_file(), \
+            f"{cu.name} includes {header!r}; a kernel file includes only the PTX headers of kernels/ptx/"
     for name_expressions, defines in _builds(cu):
         ok, log = nvrtc_compile(source, cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), name_expressions)
         assert ok, f"{cu.name} ({arch}, {defines}, {name_expressions}) failed to compile:\n{log}"
@@ -107,7 +124,8 @@ def test_declared_kernels_parser():
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_nvcc_compiles_standalone(cu, arch, tmp_path, capsys):
     obj = tmp_path / "k.o"
-    cmd = ["nvcc", "-c", f"-arch={arch}", "-std=c++17", "--resource-usage", "-o", os.fspath(obj), os.fspath(cu)]
+    cmd = ["nvcc", "-c", f"-arch={arch}", "-std=c++17", "-I", os.fspath(ROOT / "kernels"), "--resource-usage", "-o",
+           os.fspath(obj), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr
@@ -141,3 +159,133 @@ def test_defines_match_the_kernel_defaults(cu):
             name, value = m.groups()
             assert name in defaults, f"{cu.name}: the launcher passes -D{name}, but the file has no #ifndef {name} default"
             assert defaults[name] == value, f"{cu.name}: #define {name} {defaults[name]}, but the launcher passes {value}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Each file builds alone exactly as its header says. A kernel file's header documents its build in this form
+# (CONTRIBUTING.md, "A kernel file"):
+#
+#   // Build it alone, from the repository root:
+#   //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma.cu -o flash2_mma.o
+#   //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+#   //     "flash2_mma_forward<64, 64, 4, 2, 2, false>" "flash2_mma_forward<64, 64, 4, 2, 2, true>"
+#
+# and the test runs that nvcc line and that NVRTC build, and looks for every kernel in what they produce, so that a
+# build which "succeeds" with an empty module (an arch guard that removes everything, a template never instantiated)
+# fails here.
+# ---------------------------------------------------------------------------------------------------------
+
+def header_build(cu: Path) -> tuple[str | None, list[str], list[str]]:
+    """(the nvcc command, the NVRTC options, the NVRTC name expressions) documented in a kernel file's header."""
+    lines = cu.read_text().splitlines()
+    header = []
+    for line in lines:
+        if not line.strip().startswith("//"):
+            break
+        header.append(line.strip()[2:].strip())
+    nvcc = next((h for h in header if h.startswith("nvcc ")), None)
+    options, names, in_nvrtc = [], [], False
+    for h in header:
+        if h.startswith("NVRTC:"):
+            in_nvrtc = True
+            options = [t.rstrip(",;") for t in h.split(":", 1)[1].split() if t.startswith("-")]
+        elif in_nvrtc and not h.startswith('"'):
+            in_nvrtc = False
+        if in_nvrtc:
+            names += re.findall(r'"([^"]+)"', h)
+    return nvcc, options, names
+
+
+def test_header_build_parser(tmp_path):
+    cu = tmp_path / "k.cu"
+    cu.write_text('// k.cu -- a test\n//\n// Build it alone, from the repository root:\n'
+                  '//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/k.cu -o k.o\n'
+                  '//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:\n'
+                  '//     "f<1, true>" "f<2, false>"\n//     "g<3>"\n// Limits\n//   "not a name"\n\n#include <x>\n')
+    assert header_build(cu) == ("nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/k.cu -o k.o",
+                                ["--std=c++17", "-I", "--gpu-architecture=sm_80"], ["f<1, true>", "f<2, false>", "g<3>"])
+
+
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_header_documents_its_build(cu):
+    nvcc, options, _ = header_build(cu)
+    assert nvcc is not None, f"{cu.name}: the header has no `//   nvcc ...` line saying how to build the file alone"
+    assert re.search(r"-arch=sm_\d+|-gencode=arch=compute_\d+a?,code=sm_\d+a?", nvcc), \
+        f"{cu.name}: the nvcc line names no architecture (nvcc's default is too old for cp.async): {nvcc}"
+    assert f"kernels/{cu.relative_to(ROOT / 'kernels').as_posix()}" in nvcc, f"{cu.name}: the nvcc line builds another path"
+    assert any(o.startswith("--gpu-architecture=") for o in options), \
+        f"{cu.name}: the header has no `//   NVRTC: ... --gpu-architecture=sm_XX` line"
+
+
+def _kernel_names_in(data: bytes) -> set:
+    return set(re.findall(rb"[A-Za-z_][A-Za-z0-9_]{2,}", data))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_header_nvcc_line_builds_every_kernel(cu, tmp_path):
+    import shlex
+
+    nvcc, _, _ = header_build(cu)
+    if nvcc is None:
+        pytest.fail(f"{cu.name}: no nvcc line in the header")
+    cmd = shlex.split(nvcc)
+    if "-o" in cmd:
+        i = cmd.index("-o")
+        del cmd[i:i + 2]
+    obj = tmp_path / "k.o"
+    cmd += ["-o", os.fspath(obj), "--resource-usage"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, f"{nvcc}\n{res.stderr}"
+    entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+    extern_c, templates = declared_kernels(cu.read_text())
+    assert entries, f"`{nvcc}` produced an object with no kernel in it"
+    for name in extern_c:
+        assert name in entries, f"{cu.name}: kernel {name} is missing from `{nvcc}`'s object; entries: {entries}"
+    for name in templates:
+        assert any(f"{len(name)}{name}I" in e for e in entries), \
+            f"{cu.name}: kernel template {name} has no instantiation in `{nvcc}`'s object"
+
+
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_header_nvrtc_build_holds_every_kernel(cu):
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
+    from kernels.core import cuda_header_options
+
+    _, options, names = header_build(cu)
+    arch = next((o.split("=", 1)[1] for o in options if o.startswith("--gpu-architecture=")), None)
+    assert arch, f"{cu.name}: the header's NVRTC line names no --gpu-architecture"
+    opts = ["--std=c++17", f"--gpu-architecture={arch}", f"-I{ROOT / 'kernels'}"]
+    inc = _cuda_include_dir()
+    if inc is not None:
+        opts.append(f"-I{inc}")
+    opts += list(cuda_header_options())
+    err, prog = nvrtc.nvrtcCreateProgram(cu.read_text().encode(), cu.name.encode(), 0, [], [])
+    try:
+        for expr in names:
+            (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (expr, err)
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{cu.name} ({arch}) failed:\n{log.decode(errors='replace')}"
+        _, size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        symbols = _kernel_names_in(cubin)
+        lowered = []
+        for expr in names:
+            err, name = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (expr, err)
+            lowered.append(name if isinstance(name, bytes) else name.encode())
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    extern_c, templates = declared_kernels(cu.read_text())
+    for name in extern_c:
+        assert name.encode() in symbols, f"{cu.name}: kernel {name} is not in the {arch} CUBIN (an arch guard?)"
+    for expr, name in zip(names, lowered):
+        assert name.rstrip(b"\x00") in symbols, f"{cu.name}: {expr} is not in the {arch} CUBIN"
+    for name in templates:
+        assert any(f"{len(name)}{name}I".encode() in low for low in lowered), \
+            f"{cu.name}: the header's NVRTC name expressions instantiate no {name}"

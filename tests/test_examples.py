@@ -1,0 +1,64 @@
+"""The host-side examples in kernels/examples/: one small C++ program per family that calls a course kernel the way an
+engineer's own code would (allocate, fill, launch with the documented grid, block and shared memory, copy back, check
+a few rows against a CPU loop). Each example's header gives its nvcc line; the CPU test builds it with that line where
+nvcc is installed, and on a GPU the program runs and must print its `ok` line and exit 0."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "kernels" / "examples").glob("*.cu"))
+
+
+def nvcc_line(example: Path) -> list[str]:
+    for line in example.read_text().splitlines():
+        if not line.startswith("//"):
+            break
+        m = re.match(r"//\s+(nvcc\s.+)$", line)
+        if m:
+            return shlex.split(m.group(1))
+    pytest.fail(f"{example.name}: no `//   nvcc ...` line in the header")
+
+
+def build(example: Path, out: Path) -> Path:
+    cmd = nvcc_line(example)
+    if "-o" in cmd:
+        i = cmd.index("-o")
+        del cmd[i:i + 2]
+    cmd += ["-o", os.fspath(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    assert "warning" not in res.stderr.lower(), res.stderr
+    return out
+
+
+def test_there_are_examples():
+    assert EXAMPLES, "no host-side examples in kernels/examples/"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_builds_with_its_documented_line(example, tmp_path):
+    build(example, tmp_path / example.stem)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs_on_the_gpu(example, tmp_path, gpu):
+    import kernels
+
+    major, minor = kernels.device_compute_capability()
+    line = " ".join(nvcc_line(example))
+    arch = re.search(r"(?:-arch=sm_|code=sm_)(\d+)(a?)", line)
+    if arch and (int(arch.group(1)) > 10 * major + minor or (arch.group(2) and int(arch.group(1)) != 10 * major + minor)):
+        pytest.skip(f"{example.name} is built for sm_{arch.group(1)}{arch.group(2)}; this GPU is sm_{major}{minor}")
+    exe = build(example, tmp_path / example.stem)
+    res = subprocess.run([os.fspath(exe)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"{example.name} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    assert re.search(r"\bok\b", res.stdout), res.stdout
