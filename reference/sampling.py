@@ -1,6 +1,6 @@
 """The last step of decoding, in float64 NumPy: logits (batch, vocab) -> one token per row; and one beam-search step.
 
-The semantics every sampling kernel of the course follows (kernels/sampling.py is checked against these functions):
+The semantics every sampling kernel of the course follows (kernels/sampling/sampling.py is checked against these functions):
 
     temperature  z = logits / T, T > 0 (finite).
     softmax      p = exp(z - max z) / sum exp(z - max z); a logit of -inf has probability 0.
