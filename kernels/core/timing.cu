@@ -1,25 +1,28 @@
-// timing.cu -- two helper kernels for measuring other kernels: hold the GPU busy, and flush the L2 cache.
+// timing.cu -- three helper kernels for measuring other kernels: hold the GPU busy, flush the L2 cache, read memory.
 //
 // What they compute
-//   hold_gpu(ns)           does nothing for `ns` nanoseconds of the GPU's global timer, on one thread. The
-//                          timing helper (kernels/core/timing.py) launches it first, then queues the calls to be
-//                          timed behind it: while the GPU waits here, Python has time to queue every launch,
-//                          so the events around the queued calls measure GPU work only, back to back, with
-//                          no gap where the GPU waits for the host.
-//   flush_l2(buf, n)       writes n 32-bit words of `buf` (a buffer larger than the L2 cache), so that the
-//                          next kernel finds none of its inputs in L2: the "cold L2" measurement.
-//   read_only(src, n4, out) reads n4 16-byte words of `src` and writes one word per block (their XOR), so that
-//                          nothing is optimised away: the read bandwidth a memory-bound kernel that only reads
-//                          (a decoding kernel streaming its KV cache) is measured against. Each thread issues
-//                          READ_UNROLL loads before it uses any, so that enough bytes are in flight to cover the
-//                          memory's latency: with one load at a time (the plain grid-stride loop) an H100 read
-//                          7% slower at 1 GiB and 8% slower at 64 MiB, and a ceiling that low lets good kernels
-//                          appear to beat it.
+//   hold_gpu(ns)            does nothing for `ns` nanoseconds of the GPU's global timer, on one thread. The timing
+//                           helper (kernels/core/timing.py) launches it first, then queues the calls to be timed behind
+//                           it: while the GPU waits here, Python has time to queue every launch, so the events around
+//                           the queued calls measure GPU work only, back to back, with no gap where the GPU waits for
+//                           the host.
+//   flush_l2(buf, n, value) writes `value` to n 32-bit words of `buf` (a buffer larger than the L2 cache), so that the
+//                           next kernel finds none of its inputs in L2: the "cold L2" measurement.
+//   read_only(src, n4, out) reads n4 16-byte words of `src` and writes one word per block (their XOR), so that nothing
+//                           is optimised away: the read bandwidth a memory-bound kernel that only reads (a decoding
+//                           kernel streaming its KV cache) is measured against. Each thread issues READ_UNROLL loads
+//                           before it uses any, so that enough bytes are in flight to cover the memory's latency
+//                           (kernels/core/README.md has what one load at a time measured).
 //
-// Launch configuration (kernels/core/timing.py)
+// Launch (kernels/core/timing.py)
 //   hold_gpu:  grid = 1, block = 1.
 //   flush_l2:  grid-stride loop; block = 256 threads, grid = min(ceil(n / 256), 65536).
 //   read_only: grid-stride loop; block = 256 threads, grid = 4 blocks per SM x SMs; out has grid entries.
+//
+// Needs compute capability 7.0 (__nanosleep). Includes nothing.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_70 -I kernels -c kernels/core/timing.cu -o timing.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_70 (extern "C" kernels: no name expressions)
 //
 // Numerics
 //   None. %globaltimer is a 64-bit nanosecond clock shared by the whole GPU (PTX ISA, "Special Registers");
