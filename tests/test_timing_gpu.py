@@ -1,4 +1,4 @@
-"""kernels.timing on the GPU: what it measures must be consistent with what it timed (no time is asserted
+"""kernels.core.timing on the GPU: what it measures must be consistent with what it timed (no time is asserted
 against a target: only bounds that follow from the measurement's own definition)."""
 
 import numpy as np

@@ -12,7 +12,7 @@ timed: the last 128 query rows of the first and the last head (with bottom-right
 are an attention problem of their own, so the reference needs only 128 x T scores per head). Every row, ours
 and peers, carries:
 
-  ms, ms_min, ms_max   kernel time per call (kernels.timing.benchmark: GPU time of back-to-back calls); the kernels
+  ms, ms_min, ms_max   kernel time per call (kernels.core.timing.benchmark: GPU time of back-to-back calls); the kernels
                        of one configuration are timed side by side in ROUNDS rounds (kernels.compare) and each row
                        is its median round, with `rounds` the kernel ms of every round
   call_ms              call time: one Python call on an idle GPU, host overhead included

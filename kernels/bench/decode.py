@@ -13,22 +13,22 @@ For each shape and each of our kernels (decode_ft in the plain and in FasterTran
 CUDA-core kernel and its tensor-core kernel decode_split_mma, each on a contiguous and on a paged cache) and each SDPA backend (flash, cuDNN, efficient; F.scaled_dot_product_attention(q, k,
 v, enable_gqa=True) where Hq != Hkv; a backend that refuses is recorded as "not run: <its reason>"):
 
-    kernel us        GPU time per call (kernels.timing.benchmark: calls queued back to back behind a hold kernel); all
+    kernel us        GPU time per call (kernels.core.timing.benchmark: calls queued back to back behind a hold kernel); all
                      the kernels of a shape are timed side by side in ROUNDS rounds (kernels.compare) and each row
                      is its median round (`rounds_us`: every round)
     call us          one Python call on an idle GPU, host overhead included
     cold-L2 us       kernel time after an L2 flush, where the cache fits in L2 (none of the shapes above does)
     GB/s             KV-cache bytes (2 * B * Hkv * L * d * 2) per second of kernel time
-    % of read bw     that, as a fraction of kernels.timing.read_bandwidth_gbps() measured in the same run
+    % of read bw     that, as a fraction of kernels.core.timing.read_bandwidth_gbps() measured in the same run
     vs flash, vs cuDNN   SDPA's kernel time / ours within a round, the median over the rounds (above 1: ours is faster)
     correct          our output for the first and the last sequence (every head) against reference.decode_attention
 
-and one more row per shape, "pure read (same bytes)": kernels.timing.read_call, a kernel that only reads as many bytes as
+and one more row per shape, "pure read (same bytes)": kernels.core.timing.read_call, a kernel that only reads as many bytes as
 the cache holds, timed the same way. It is the ceiling at that size: launching, ramping up and draining cost a few
 microseconds whatever the size, so where the cache is read in tens of microseconds this row sits below the read bandwidth
 (measured on 1 GiB).
 
-And, on a tiny cache, each launcher's call time and its host overhead (kernels.timing.host_overhead_us; the best
+And, on a tiny cache, each launcher's call time and its host overhead (kernels.core.timing.host_overhead_us; the best
 of three interleaved rounds; the target is a call time below 20 us). Results go to results/decode.json, numbers as numbers.
 
     python3 -m kernels.bench.decode                    # everything (a few minutes on an H100)
@@ -60,7 +60,7 @@ FT_LAYOUT_TPK = 1  # FasterTransformer's threads per key for long caches, with i
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION"}
 CALL_TARGET_US = 20.0
 HOST_SHAPE = dict(B=1, Hq=8, Hkv=8, L=64)  # tiny: the call time is the launcher's own cost
-READ_ROW = "pure read (same bytes)"  # the ceiling row of each shape (kernels.timing.read_call)
+READ_ROW = "pure read (same bytes)"  # the ceiling row of each shape (kernels.core.timing.read_call)
 ROUNDS = 3  # rounds of kernels.compare per shape: every kernel of the shape timed once per round, side by side
 
 

@@ -21,7 +21,7 @@ torch's once) timed side by side in ROUNDS rounds (kernels.compare):
                   round of the ROUNDS (`ours_rounds_us`, `torch_rounds_us`: the kernel us of every round)
     call us       one Python call on an idle GPU, host overhead included
     reads         kernel time / the time of one read of the logits (B * V * 4 bytes) at the read bandwidth measured
-                  in the same run (kernels.timing.read_bandwidth_gbps): 1.0 would be a single pass at full bandwidth
+                  in the same run (kernels.core.timing.read_bandwidth_gbps): 1.0 would be a single pass at full bandwidth
     speedup       torch's kernel time / ours within a round, the median over the rounds (kernels.paired_ratio; above 1:
                   ours is faster); the targets are judged on it
     correct       ours: the tokens of the first and the last row equal the float64 reference's for the same seed

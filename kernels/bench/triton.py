@@ -2,7 +2,7 @@
 
 Float16, B=4, H=32, T in {1024, 4096, 16384}, d in {64, 128}, causal and not (Tq = Tk = T):
 
-  forward   flash2_triton (kernels.flash2_triton.forward, the CuPy launcher), flash2_mma (the CUDA kernel of
+  forward   flash2_triton (kernels.pytorch.flash2_triton.forward, the CuPy launcher), flash2_mma (the CUDA kernel of
             notebook 06), torch SDPA with the flash and with the cuDNN backend (each forced with
             torch.nn.attention.sdpa_kernel; a backend that refuses is recorded as "not run: <reason>")
   backward  flash2_triton (through its torch.autograd.Function), SDPA flash, SDPA cuDNN. The backward is timed

@@ -398,7 +398,7 @@ def _check_softmax(x, lengths, name: str = "x") -> None:
 
 def _require_torch() -> None:
     if not AVAILABLE:
-        raise RuntimeError("kernels.torch_ops needs PyTorch (pip install torch)")
+        raise RuntimeError("kernels.pytorch.torch_ops needs PyTorch (pip install torch)")
 
 
 def attention_with_lse(q, k, v, *, causal: bool = False, scale: float | None = None):
