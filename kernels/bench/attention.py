@@ -42,12 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import ROOT, save_result
 from ..core import REGISTRY, check, format_table, gpu_name, gpu_unavailable_reason
 from ..core import cp
 from ..core.timing import (attention_bytes, attention_flops, benchmark, compare, copy_bandwidth_gbps, fits_in_l2,
                      host_overhead_us, read_bandwidth_gbps)
 
-ROOT = Path(__file__).resolve().parents[2]
 LLMC_SHAPE = dict(B=8, H=12, T=1024, d=64)
 LLMC_DTYPES = ("float32", "float16")
 LONG = dict(B=4, H=32, T=(1024, 4096, 16384), d=(64, 128), causal=(True, False), dtype="float16")
@@ -363,10 +363,7 @@ def run(suites=("llmc", "long"), quick=False, variants=None, out_path: Path | No
         result["rows"] += run_llmc(variants=variants, log=log)
     if "long" in suites:
         result["rows"] += run_long(T_values=QUICK_T if quick else LONG["T"], variants=variants, log=log)
-    if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    return save_result(result, out_path)
 
 
 # ---------------------------------------------------------------------------------------------------------

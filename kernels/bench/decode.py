@@ -38,19 +38,18 @@ of three interleaved rounds; the target is a call time below 20 us). Results go 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ..core import benchmark, check, format_table, gpu_name, gpu_unavailable_reason
+from .common import ROOT, gpu_missing, save_result
+from ..core import benchmark, check, format_table, gpu_name
 from ..core import cp
 from .attention import OVERHEAD_ROUNDS
 from ..core.timing import compare, fits_in_l2, host_overhead_us, paired_ratio, read_bandwidth_gbps, read_call
 
-ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [dict(B=1, Hq=32, Hkv=32, L=4096), dict(B=1, Hq=32, Hkv=8, L=32768), dict(B=16, Hq=32, Hkv=8, L=4096),
           dict(B=64, Hq=32, Hkv=8, L=2048), dict(B=16, Hq=32, Hkv=32, L=8192)]
 D = 128
@@ -232,10 +231,7 @@ def run(shapes=range(len(SHAPES)), out_path: Path | None = None, log=print) -> d
         cp.get_default_memory_pool().free_all_blocks()
     log("launch cost on a tiny cache:")
     result["host"] = host_costs(log=log)
-    if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    return save_result(result, out_path)
 
 
 def table(result: dict) -> list[dict]:
@@ -264,10 +260,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if any(not 0 <= i < len(SHAPES) for i in args.shapes):
         p.error(f"shape indices must lie in [0, {len(SHAPES) - 1}]; got {args.shapes}")
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        print(f"kernels.bench.decode needs a CUDA GPU: {reason}")
-        return 2
+    missing = gpu_missing("python3 -m kernels.bench.decode")
+    if missing is not None:
+        return missing
     result = run(args.shapes, out_path=args.out)
     print()
     print(format_table(table(result)))

@@ -17,9 +17,9 @@ import csv
 import io
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .common import ROOT
+
 STALLS = ["wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle", "mio_throttle",
           "not_selected", "dispatch_stall", "no_instruction", "lg_throttle"]
 METRICS = {

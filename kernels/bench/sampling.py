@@ -38,17 +38,16 @@ Results go to results/bench-sampling.json, numbers as numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..core import format_table, gpu_name, gpu_unavailable_reason
+from .common import ROOT, gpu_missing, save_result
+from ..core import format_table, gpu_name
 from ..sampling import sampling as SM
 from ..core.timing import compare, paired_ratio
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCHES = (1, 64, 256)
 VOCABS = (32000, 128256, 256000)
 TOP_P, TOP_K, SEED = 0.9, 50, 1234
@@ -173,10 +172,7 @@ def run(batches=BATCHES, vocabs=VOCABS, out_path: Path | None = None, log=print,
     for B in batches:
         for V in vocabs:
             result["rows"] += measure(B, V, read_gbps, log=log, cluster=cluster)
-    if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    return save_result(result, out_path)
 
 
 def table(result: dict) -> list[dict]:
@@ -197,10 +193,9 @@ def main(argv=None) -> int:
                    help="threshold method: 0 runs sample_threshold, a size runs sample_cluster<size> "
                         "(default: sampling.cluster_plan)")
     args = p.parse_args(argv)
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
-        return 1
+    missing = gpu_missing("python3 -m kernels.bench.sampling")
+    if missing is not None:
+        return missing
     result = run(args.batches, args.vocabs, out_path=args.out, cluster=args.cluster)
     print(f"\n{result['gpu']}, read bandwidth {result['read_gbps']:.0f} GB/s, torch {result['torch']}\n")
     print(format_table(table(result)))

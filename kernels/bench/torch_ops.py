@@ -29,18 +29,17 @@ Results go to results/bench-torch.json, numbers as numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from pathlib import Path
 
 
-from ..core import format_table, gpu_name, gpu_unavailable_reason
+from .common import ROOT, gpu_missing, save_result
+from ..core import format_table, gpu_name
 from ..core import cp
 from ..core.timing import compare, host_overhead_us, paired_ratio
 
-ROOT = Path(__file__).resolve().parents[2]
 B, H = 4, 32
 TS = (1024, 4096, 16384)
 DS = (64, 128)
@@ -205,10 +204,7 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
         result["host_overhead_us"] = bench_host()
-    if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    return save_result(result, out_path)
 
 
 def summary(result: dict) -> str:
@@ -234,10 +230,9 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
     args = p.parse_args(argv)
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
-        return 1
+    missing = gpu_missing("python3 -m kernels.bench.torch_ops")
+    if missing is not None:
+        return missing
     command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
     result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command)
     print(summary(result))

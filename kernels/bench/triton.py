@@ -40,13 +40,13 @@ import numpy as np
 
 import reference as R
 
-from ..core import check, format_table, gpu_name, gpu_unavailable_reason
+from .common import ROOT, gpu_missing
+from ..core import check, format_table, gpu_name
 from ..flash import flash2_mma
 from ..pytorch import flash2_triton as F
 from ..core import cp
 from ..core.timing import attention_flops, compare, host_overhead_us, paired_ratio
 
-ROOT = Path(__file__).resolve().parents[2]
 B, H = 4, 32
 T_VALUES = (1024, 4096, 16384)
 D_VALUES = (64, 128)
@@ -308,10 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--hgmma", action="store_true", help="count wgmma/HGMMA in the generated code and stop")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-triton.json")
     args = p.parse_args(argv)
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        print(f"needs a CUDA GPU: {reason}")
-        return 1
+    missing = gpu_missing("python3 -m kernels.bench.triton")
+    if missing is not None:
+        return missing
     print(f"GPU: {gpu_name()}")
     if args.hgmma:
         hgmma_counts()

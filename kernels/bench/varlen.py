@@ -40,20 +40,19 @@ Results go to results/bench-varlen.json, numbers as numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from ..core import check, format_table, gpu_name, gpu_unavailable_reason
+from .common import ROOT, gpu_missing, save_result
+from ..core import check, format_table, gpu_name
 from ..flash import flash2_mma
 from ..inference import varlen
 from ..core import cp
 from ..core.timing import compare, copy_bandwidth_gbps, paired_ratio
 
-ROOT = Path(__file__).resolve().parents[2]
 HIDDEN, HEADS = 1024, 16
 DTYPE = "float16"
 BATCHES = [dict(B=32, Tmax=512, mean=1 / 2), dict(B=32, Tmax=512, mean=1 / 4),
@@ -263,10 +262,7 @@ def run(batches=range(len(BATCHES)), out_path: Path | None = None, log=print) ->
         if BATCHES[i]["mean"] == 0.5:
             result["padding_kernels"] += padding_kernels(p, copy_gbps)
         log(format_table(table(dict(batches=result["batches"][-1:]))))
-    if out_path is not None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    return save_result(result, out_path)
 
 
 def table(result: dict) -> list[dict]:
@@ -290,10 +286,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="*", default=list(range(len(BATCHES))))
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-varlen.json")
     args = p.parse_args(argv)
-    reason = gpu_unavailable_reason()
-    if reason is not None:
-        print(f"needs a CUDA GPU: {reason}", file=sys.stderr)
-        return 1
+    missing = gpu_missing("python3 -m kernels.bench.varlen")
+    if missing is not None:
+        return missing
     result = run(args.batches, args.out)
     print(format_table(result["padding_kernels"]))
     for b in result["batches"]:
