@@ -12,7 +12,7 @@ from kernels.inference.decode_split import choose_num_splits
 def test_decoding_variants_are_registered_by_their_modules():
     assert set(kernels.DECODE_REGISTRY) == {"decode_ft", "decode_split", "decode_split_mma"}
     for var in kernels.DECODE_REGISTRY.values():
-        assert var.module == f"kernels.{var.name.removesuffix('_mma')}" and var.notebook == "08_decoding_kv_cache"
+        assert var.module == f"kernels.inference.{var.name.removesuffix('_mma')}" and var.notebook == "08_decoding_kv_cache"
         assert var.dtypes and var.head_dims and var.max_tq >= 4
     assert kernels.DECODE_REGISTRY["decode_split"].paged and kernels.DECODE_REGISTRY["decode_split"].splits
     assert not kernels.DECODE_REGISTRY["decode_ft"].paged

@@ -137,15 +137,15 @@ def test_masked_softmax_clamps_bad_lengths_when_unchecked(gpu):
 
 
 def test_no_gpu_error_names_the_reason(monkeypatch):
-    monkeypatch.setattr(core, "_GPU_OK", False)
-    monkeypatch.setattr(core, "cp", None)
+    monkeypatch.setattr(core.device, "_GPU_OK", False)
+    monkeypatch.setattr(core.device, "cp", None)
     with pytest.raises(kernels.GPUNotAvailableError, match="CuPy is not installed"):
         core.require_gpu()
 
 
 def test_no_driver_is_named_as_such(monkeypatch):
     """CuPy installed but no NVIDIA driver: the reason says so (not 'driver too old')."""
-    monkeypatch.setattr(core, "_GPU_OK", False)
-    monkeypatch.setattr(core, "cp", object())
-    monkeypatch.setattr(core, "_driver_library_loads", lambda: False)
+    monkeypatch.setattr(core.device, "_GPU_OK", False)
+    monkeypatch.setattr(core.device, "cp", object())
+    monkeypatch.setattr(core.device, "_driver_library_loads", lambda: False)
     assert core.gpu_unavailable_reason().startswith("no NVIDIA driver / no GPU")
