@@ -191,13 +191,21 @@ def header_build(cu: Path) -> tuple[str | None, list[str], list[str]]:
             options = [t.rstrip(",;") for t in h.split(":", 1)[1].split() if t.startswith("-")]
         elif in_nvrtc and not h.startswith('"'):
             in_nvrtc = False
-        if in_nvrtc:
+        elif in_nvrtc:  # a continuation line: the name expressions, each in double quotes
             names += re.findall(r'"([^"]+)"', h)
     return nvcc, options, names
 
 
 def test_header_build_parser(tmp_path):
     cu = tmp_path / "k.cu"
+    cu.write_text('// k.cu -- a test\n//\n// Build it alone, from the repository root:\n'
+                  '//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/k.cu -o k.o\n'
+                  '//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:\n'
+                  '//     "f<1, true>" "f<2, false>"\n//     "g<3>"\n// Limits\n//   "not a name"\n\n#include <x>\n')
+    assert header_build(cu)[2] == ["f<1, true>", "f<2, false>", "g<3>"]
+    cu.write_text('//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)\n'
+                  '// Limits\n')
+    assert header_build(cu)[2] == []
     cu.write_text('// k.cu -- a test\n//\n// Build it alone, from the repository root:\n'
                   '//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/k.cu -o k.o\n'
                   '//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:\n'

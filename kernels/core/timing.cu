@@ -19,10 +19,10 @@
 //   flush_l2:  grid-stride loop; block = 256 threads, grid = min(ceil(n / 256), 65536).
 //   read_only: grid-stride loop; block = 256 threads, grid = 4 blocks per SM x SMs; out has grid entries.
 //
-// Needs compute capability 7.0 (__nanosleep). Includes nothing.
+// Needs compute capability 7.0 (__nanosleep); CUDA 13 compiles for 7.5 and newer. Includes nothing.
 // Build it alone, from the repository root:
-//   nvcc -std=c++17 -arch=sm_70 -I kernels -c kernels/core/timing.cu -o timing.o
-//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_70 (extern "C" kernels: no name expressions)
+//   nvcc -std=c++17 -arch=sm_75 -I kernels -c kernels/core/timing.cu -o timing.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_75 (extern "C" kernels: no name expressions)
 //
 // Numerics
 //   None. %globaltimer is a 64-bit nanosecond clock shared by the whole GPU (PTX ISA, "Special Registers");
