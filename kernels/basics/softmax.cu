@@ -1,49 +1,62 @@
 // softmax.cu -- row softmax on CUDA cores, from one thread per row to a block per row at copy speed.
 //
 // What it computes
-//   y[r, j] = exp(s*x[r, j] - m_r) / l_r  over the first n_r entries of row r, and y[r, j] = 0 beyond them,
-//   where m_r = max_j s*x[r, j] and l_r = sum_j exp(s*x[r, j] - m_r). Input and output are float32,
-//   row-major, rows of `cols` floats. A row whose entries are all -inf (or that has n_r = 0) becomes zeros.
-//   Which n_r and s each kernel uses:
+//   y[r, j] = exp(s*x[r, j] - m_r) / l_r for j < n_r and y[r, j] = 0 for n_r <= j < cols, where
+//   m_r = max_{j<n_r} s*x[r, j] and l_r = sum_{j<n_r} exp(s*x[r, j] - m_r). A row with only -inf (or n_r = 0) becomes
+//   zeros. n_r and s by kernel:
 //     softmax_thread_per_row, softmax_warp_per_row, softmax_block_per_row   n_r = cols, s = 1
-//     softmax_scaled_causal_warp, softmax_scaled_causal_block               s = scale; with causal, the
-//         row r is query i = r % Tq of a (Tq, Tk) score matrix and n_r = i + Tk - Tq + 1 (bottom-right
-//         aligned mask, clamped to [0, Tk]); without causal n_r = Tk
-//     softmax_masked_lengths, softmax_masked_lengths_warp                   n_r = lengths[r] (int32);
-//         entries at j >= n_r are never used (the float4 paths may load up to 3 of them, inside the row, in the
-//         float4 that holds entry n_r - 1, and replace them by -inf), so padding may hold anything
+//     softmax_scaled_causal_warp, softmax_scaled_causal_block               s = scale; row r is query i = r % Tq of a
+//         (Tq, Tk) score matrix; with causal n_r = clamp(i + Tk - Tq + 1, 0, Tk) (bottom-right aligned), else Tk
+//     softmax_masked_lengths, softmax_masked_lengths_warp                   s = 1, n_r = clamp(lengths[r], 0, cols)
+//   Entries at j >= n_r are never used: a float4 load may fetch up to 3 of them (inside the row, in the float4 that
+//   holds entry n_r - 1) and replaces them by -inf, so padding may hold anything.
 //
 // Algorithm
-//   thread per row: three passes (max, sum, normalise), one thread walks the whole row: little parallelism.
-//                   The sum is compensated (Kahan), since one thread adds up tens of thousands of terms.
-//   warp per row:   each lane keeps an online (max, sum) over a strided slice of the row, one read of the
-//                   row; the 32 pairs are merged with __shfl_xor_sync; a second pass writes.
-//   block per row:  the same with a block-wide merge (warp shuffles, then one value per warp in shared
-//                   memory). Each thread caches up to CACHE_VEC4 float4 of its row in registers, so rows of
-//                   up to blockDim * 4 * CACHE_VEC4 floats are read from memory exactly once; the cached values
-//                   are exponentiated once, against the thread's own max m_t, and rescaled by exp(m_t - m) / l
-//                   when written.
+//   thread per row: three passes over the row (max, compensated sum, normalise), one thread per row.
+//   warp per row:   1. each lane folds a strided slice of the row into an online (max, sum); 2. the 32 pairs are merged
+//                   with __shfl_xor_sync; 3. a second pass writes.
+//   block per row:  1. each thread loads up to CACHE_VEC4 float4 of its row into registers and exponentiates them once,
+//                   against its own max m_t (the rest of a longer row is folded in online); 2. the block merges the
+//                   pairs (warp shuffles, then one pair per warp in shared memory); 3. the cached values are written
+//                   times exp(m_t - m) / l, the rest is read again.
+//   masked lengths, warp per row: each lane holds up to WARP_CACHE_VEC4 float4; max by shuffles, exponentiate once,
+//                   sum by shuffles, write (with the whole row at hand no online merge is needed).
 //   Merging two partial (max, sum) pairs:  m = max(m1, m2),  l = l1 exp(m1 - m) + l2 exp(m2 - m).
 //
-// Launch configuration (block sizes are multiples of 32, at most 1024; chosen by the launcher)
-//   thread per row: grid = ceil(rows / BLOCK)
-//   warp per row:   grid = ceil(rows / (BLOCK / 32))
-//   block per row:  grid = rows; the launcher's default BLOCK = clamp(pow2ceil(cols / (4 * CACHE_VEC4)), 32, 1024),
-//                   so each thread holds up to CACHE_VEC4 float4 and a row of up to 32 768 floats is read once
-//   softmax_masked_lengths_warp: warp per row, grid = ceil(rows / (BLOCK / 32)); the launcher uses it for rows of
-//                   up to 512 floats (each lane holds up to WARP_CACHE_VEC4 float4)
-//   Shared memory: (MAX_WARPS + 1) * 8 bytes, static. No dynamic shared memory.
+// Layouts: inp (x) and out (y) float32 (rows, cols) row-major, cols = Tk for the causal kernels; lengths int32 (rows).
 //
-// Vector loads
-//   The float4 paths need cols % 4 == 0 and 16-byte aligned rows; the launcher passes `vec` = 0 otherwise
-//   and the kernels fall back to scalar loads.
+// Launch (1-D grids; BLOCK a multiple of 32, at most 1024, chosen by kernels/basics/softmax.py; no dynamic shared
+// memory)
+//   thread per row:               grid = ceil(rows / BLOCK), BLOCK = 256 by default
+//   warp per row (three kernels): grid = ceil(rows / (BLOCK / 32)), BLOCK = 256 by default
+//   block per row (three):        grid = rows, BLOCK = clamp(pow2ceil(cols / (4 * CACHE_VEC4)), 32, 1024), so that each
+//                                 thread holds at most CACHE_VEC4 float4 and rows of up to 32 768 floats are read once;
+//                                 static shared memory (MAX_WARPS + 1) * 8 bytes
 //
-// Numerics
-//   float32, accurate expf (no fast-math). Inputs may contain -inf (masked scores).
+// Kernels (extern "C"; rows and cols are lengths; vec = 1 takes the float4 paths, which need cols % 4 == 0 and 16-byte
+// aligned inp and out, vec = 0 the scalar ones; scale multiplies inp, natural-log units; causal: 1 masks, 0 not)
+//   softmax_thread_per_row(float* out, const float* inp, long long rows, int cols)
+//   softmax_warp_per_row(float* out, const float* inp, long long rows, int cols)
+//   softmax_block_per_row(float* out, const float* inp, long long rows, int cols, int vec)
+//   softmax_scaled_causal_warp(float* out, const float* inp, long long rows, int Tq, int Tk, float scale, int causal,
+//                              int vec)       inp holds raw dot products q.k; rows = B*H*Tq
+//   softmax_scaled_causal_block(...)          the same arguments, for rows longer than 1024
+//   softmax_masked_lengths(float* out, const float* inp, const int* lengths, long long rows, int cols, int vec)
+//   softmax_masked_lengths_warp(...)          the same arguments, for rows of up to 32 * 4 * WARP_CACHE_VEC4 = 512
+//                                             floats (longer rows stay correct but read their rest again)
 //
-// What comes next
-//   In attention this kernel still reads and writes a Tq x Tk matrix. FlashAttention (notebooks 03-04)
-//   keeps the online (max, sum) of this file but never writes the scores to memory at all.
+// Minimum compute capability: warp shuffles and streaming stores (__stcs) only; `nvcc -arch=sm_75` (the oldest CUDA 13
+// targets) builds it. The course runs it from 8.0, its launchers' minimum. It includes no header.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/basics/softmax.cu -o softmax.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)
+// Host-side example: kernels/examples/softmax_host.cu (softmax_warp_per_row on a random matrix, checked on the CPU).
+//
+// Limits: cols <= 2^31 - 1 - 1024 (a thread steps its 32-bit column index by up to 1024); rows < 2^31 for the
+//   block-per-row kernels (one block per row in grid.x).
+// Numerics: float32, accurate expf (no fast-math); inputs may hold -inf (masked scores). One thread adding up a whole
+//   row uses Kahan summation: a plain float sum of 40 000 terms drifts past the 1e-5 tolerance.
+// Notes (what was tried and measured): kernels/basics/README.md
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 

@@ -1,31 +1,44 @@
-// softmax_bwd.cu -- the backward of the masked softmax by lengths (kernels/basics/softmax.cu: softmax_masked_lengths).
+// softmax_bwd.cu -- the backward of the masked softmax by lengths (softmax.cu: softmax_masked_lengths).
 //
 // What it computes
-//   Row r of y = softmax(x[r, :n_r]) (zeros beyond n_r = lengths[r], clamped to [0, cols]) has the Jacobian
+//   Row r of y = softmax(x[r, :n_r]) (zeros beyond n_r = clamp(lengths[r], 0, cols)) has the Jacobian
 //   dy_j/dx_i = y_j (delta_ij - y_i), so for an upstream gradient dy:
 //       dx[r, j] = y[r, j] (dy[r, j] - sum_{i < n_r} dy[r, i] y[r, i])   for j < n_r,   dx[r, j] = 0 beyond.
-//   float32 in and out, rows of `cols` floats, row-major. A row with n_r = 0 gives zeros.
+//   A row with n_r = 0 gives zeros.
 //
 // Algorithm (one block per row, as the forward's block-per-row kernel)
-//   pass 1: each thread loads its float4s of y and dy (up to CACHE_VEC4 of each, kept in registers) and adds up
-//           y * dy over the entries j < n_r; the block sums the partials (warp shuffles, then one value per warp
-//           in shared memory).
-//   pass 2: dx = y (dy - sum) from the registers (entries past CACHE_VEC4 float4s per thread are read again), and
-//           zeros from n_r to the end of the row, so dx is written entirely.
-//   So a row of up to blockDim * 4 * CACHE_VEC4 floats costs a read of y and dy and a write of dx: the floor.
+//   1. each thread loads its float4s of y and dy (up to CACHE_VEC4 of each, kept in registers) and adds up y * dy over
+//      the entries j < n_r;
+//   2. the block sums the partials (warp shuffles, then one value per warp in shared memory);
+//   3. dx = y (dy - sum) from the registers (float4s past the cache are read again), and zeros from n_r to the end of
+//      the row, so dx is written entirely.
+//   A row of up to blockDim * 4 * CACHE_VEC4 floats costs one read of y and dy and one write of dx: the floor.
 //
-// Launch (kernels/basics/softmax_bwd.py): grid = rows (1-D), block = min(the forward's auto_block(cols), MAX_BLOCK = 512): a
-//   multiple of 32 such that each thread holds at most CACHE_VEC4 float4 (rows up to 512 * 4 * CACHE_VEC4 = 16384
-//   floats are read once; longer rows read the rest a second time). Static shared memory (MAX_WARPS + 1) floats.
+// Layouts: y, dy and dx float32 (rows, cols) row-major; lengths int32 (rows).
 //
-// Limits: vec = 1 (float4 loads) needs cols % 4 == 0 and 16-byte aligned rows; the launcher passes 0 otherwise.
-//   Entries at j >= n_r of y and dy may be read inside a float4 that straddles n_r but never enter the result
-//   (selected away, so a NaN there does not spread). lengths are clamped in the kernel.
+// Launch (kernels/basics/softmax_bwd.py): grid = rows (1-D); block = min(softmax.py's auto_block(cols), MAX_BLOCK), a
+//   multiple of 32 such that each thread holds at most CACHE_VEC4 float4 (rows of up to 512 * 4 * 8 = 16 384 floats
+//   are read once; longer rows read the rest a second time). Static shared memory (MAX_WARPS + 1) * 4 bytes, no
+//   dynamic shared memory. -DCACHE_VEC4 (default 8) and -DMAX_BLOCK (default 512) come from the launcher.
 //
-// Numerics: float32, the row sum in a tree order (per thread, then per warp, then across warps).
+// Kernel (extern "C")
+//   masked_softmax_backward(float* dx, const float* y, const float* dy, const int* lengths, long long rows, int cols,
+//                           int vec)
+//       rows and cols are lengths; vec = 1 takes the float4 paths, which need cols % 4 == 0 and 16-byte aligned y, dy
+//       and dx, vec = 0 the scalar ones. __launch_bounds__(MAX_BLOCK): at 1024 threads the register cache (2 x
+//       CACHE_VEC4 float4 per thread) would not fit the SM's 64K registers, so the launcher stops at MAX_BLOCK.
 //
-// What comes next: fusing this into the backward of the matrix product that produced x (as FlashAttention's
-//   backward does with dS = P (dP - delta)) removes the round trip of y and dy through memory.
+// Minimum compute capability: warp shuffles only; `nvcc -arch=sm_75` (the oldest CUDA 13 targets) builds it. The
+// course runs it from 8.0, its launchers' minimum. It includes no header.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/basics/softmax_bwd.cu -o softmax_bwd.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)
+//
+// Limits: entries of y and dy at j >= n_r may be loaded inside a float4 that straddles n_r but never enter the result
+//   (selected away, so a NaN there does not spread); lengths are clamped in the kernel, so no value can move an
+//   access out of its row.
+// Numerics: float32; the row sum in tree order (per thread, then per warp, then across warps).
+// Notes (what comes next, what was tried and measured): kernels/basics/README.md
 
 #define MAX_WARPS 32
 #define WARP_SIZE 32
@@ -82,9 +95,9 @@ __device__ __forceinline__ float4 grad4(float4 y, float4 d, float s, int j, int 
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(MAX_BLOCK) masked_softmax_backward(float* __restrict__ dx, const float* __restrict__ y,
-                                                   const float* __restrict__ dy, const int* __restrict__ lengths,
-                                                   long long rows, int cols, int vec) {
+extern "C" __global__ void __launch_bounds__(MAX_BLOCK)
+masked_softmax_backward(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ dy,
+                        const int* __restrict__ lengths, long long rows, int cols, int vec) {
     __shared__ float red[MAX_WARPS + 1];
     const long long row = blockIdx.x;
     if (row >= rows) return;
@@ -120,7 +133,8 @@ extern "C" __global__ void __launch_bounds__(MAX_BLOCK) masked_softmax_backward(
             const int i = tid + c * bd;
             if (i < n4) x4[i] = 4 * i < n ? grad4(cy[c], cd[c], s, 4 * i, n) : zero;
         }
-        for (int i = tid + CACHE_VEC4 * bd; i < n4; i += bd) x4[i] = 4 * i < n ? grad4(y4[i], d4[i], s, 4 * i, n) : zero;
+        for (int i = tid + CACHE_VEC4 * bd; i < n4; i += bd)
+            x4[i] = 4 * i < n ? grad4(y4[i], d4[i], s, 4 * i, n) : zero;
     } else {
         float s = 0.f;
         for (int j = tid; j < n; j += bd) s += yr[j] * dr[j];

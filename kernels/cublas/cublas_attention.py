@@ -29,7 +29,7 @@ TF32
     TF32 in S = Q K^T costs far more accuracy than TF32 in O = P V: rounding q and k to 10 mantissa bits
     gives each logit an absolute error proportional to |q| |k|, and the softmax turns an absolute logit
     error into a relative error of the weights. With inputs of standard deviation 10 (logits ~100) that
-    breaks the 2e-3 bar (measured on an H100: rel L2 error up to 3.7e-3 at d = 64). P lies in [0, 1], so
+    breaks the 2e-3 bar (the measured errors: kernels/cublas/README.md). P lies in [0, 1], so
     TF32 in P V only costs its ~2^-11 relative rounding. Hence `tf32_scores`: the registered "cublas_tf32"
     variant runs P V on TF32 and keeps Q K^T in float32; tf32=True alone puts both on TF32, as llm.c does.
 """
@@ -48,7 +48,7 @@ KERNEL_FILE = "cublas_attention.cu"
 MAX_D = 1024  # cuBLAS takes any d; the bound only keeps the registry's test grid finite
 SCALE_BLOCK = 256  # threads per block of scale_causal_mask
 SCALE_MAX_GRID = 65536  # the kernel loops grid-stride beyond this many blocks
-V3_SOFTMAX_BLOCK = 64  # threads per row of v3's softmax: the fastest at T = 1024 on an H100 (swept in notebook 05)
+V3_SOFTMAX_BLOCK = 64  # threads per row of v3's softmax (the sweep that chose it: kernels/cublas/README.md)
 
 # Numeric values from cublas_api.h and library_types.h (CUDA 11-13). Used only where this CuPy build
 # does not export the name: CuPy 14 exports all of them except CUBLAS_TF32_TENSOR_OP_MATH (see
@@ -125,8 +125,8 @@ def _host_scalar(value: float) -> int:
     return entry[1]
 
 
-def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
-                          beta, C, ldc, strideC, batch, tf32):
+def gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                         beta, C, ldc, strideC, batch, tf32):
     """Column-major C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, with float32 accumulation.
 
     The cudaDataType_t of A, B and C comes from the arrays' dtypes (CUDA_DATA_TYPES): float32 in and out
@@ -150,26 +150,26 @@ def _gemm_strided_batched(transa, transb, m, n, k, alpha, A, lda, strideA, B, ld
         batch, compute, cublas_constant("CUBLAS_GEMM_DEFAULT"))
 
 
-def _qk_gemm(q, k, s, alpha, tf32):
+def qk_gemm(q, k, s, alpha, tf32):
     """S[b,h] = alpha * Q[b,h] K[b,h]^T for every (b, h): row-major S = Q K^T is column-major S^T = K Q^T."""
     B, H, Tq, d = q.shape
     Tk = k.shape[2]
-    _gemm_strided_batched("CUBLAS_OP_T", "CUBLAS_OP_N", Tk, Tq, d, alpha,
-                          k, d, Tk * d,      # A = K, stored (Tk, d) row-major = K^T column-major, op T
-                          q, d, Tq * d,      # B = Q, stored (Tq, d) row-major = Q^T column-major
-                          0.0, s, Tk, Tq * Tk,  # C = S^T column-major = S row-major
-                          B * H, tf32)
+    gemm_strided_batched("CUBLAS_OP_T", "CUBLAS_OP_N", Tk, Tq, d, alpha,
+                         k, d, Tk * d,      # A = K, stored (Tk, d) row-major = K^T column-major, op T
+                         q, d, Tq * d,      # B = Q, stored (Tq, d) row-major = Q^T column-major
+                         0.0, s, Tk, Tq * Tk,  # C = S^T column-major = S row-major
+                         B * H, tf32)
 
 
-def _pv_gemm(p, v, o, tf32):
+def pv_gemm(p, v, o, tf32):
     """O[b,h] = P[b,h] V[b,h]: row-major O = P V is column-major O^T = V^T P^T."""
     B, H, Tq, Tk = p.shape
     d = v.shape[3]
-    _gemm_strided_batched("CUBLAS_OP_N", "CUBLAS_OP_N", d, Tq, Tk, 1.0,
-                          v, d, Tk * d,      # A = V^T column-major (V row-major)
-                          p, Tk, Tq * Tk,    # B = P^T column-major (P row-major)
-                          0.0, o, d, Tq * d,  # C = O^T column-major = O row-major
-                          B * H, tf32)
+    gemm_strided_batched("CUBLAS_OP_N", "CUBLAS_OP_N", d, Tq, Tk, 1.0,
+                         v, d, Tk * d,      # A = V^T column-major (V row-major)
+                         p, Tk, Tq * Tk,    # B = P^T column-major (P row-major)
+                         0.0, o, d, Tq * d,  # C = O^T column-major = O row-major
+                         B * H, tf32)
 
 
 def check_scratch(nbytes: int, what: str) -> None:
@@ -207,7 +207,7 @@ def _attention(q, k, v, *, causal, scale, tf32_scores, tf32_values, fused, softm
                                                 what=what, scale=scale)
     check_scratch(scratch_bytes(B, H, Tq, Tk, d), what)
     s = cp.empty((B, H, Tq, Tk), dtype=cp.float32)
-    _qk_gemm(q, k, s, 1.0, tf32_scores)                            # S = Q K^T (unscaled, as in llm.c)
+    qk_gemm(q, k, s, 1.0, tf32_scores)                             # S = Q K^T (unscaled, as in llm.c)
     if fused:                                                      # v4: one pass, reads only visible keys
         p = scaled_causal_softmax(s, scale=scale, causal=causal)
     else:                                                          # v3: a scale + mask pass, then softmax
@@ -215,7 +215,7 @@ def _attention(q, k, v, *, causal, scale, tf32_scores, tf32_values, fused, softm
         p = softmax(s, method="block", block_size=softmax_block)
     del s
     o = cp.empty((B, H, Tq, d), dtype=cp.float32)
-    _pv_gemm(p, v, o, tf32_values)                                 # O = P V
+    pv_gemm(p, v, o, tf32_values)                                  # O = P V
     return o
 
 
@@ -335,24 +335,13 @@ def fused_qkv_projection(x, wq, wk, wv, *, tf32=False):
     return outs
 
 
-register(Variant(
-    name="cublas_fp32",
-    module=__name__,
-    forward=forward,
-    dtypes=("float32",),
-    notebook="05_cublas_attention",
-    max_d=MAX_D,
-    precision="float32",
-    description="cuBLAS strided batched GEMMs + fused scale/causal softmax (llm.c v4), float32 compute",
-))
+def register_cublas(name: str, forward, dtypes: tuple, notebook: str, description: str, precision=None) -> None:
+    """Register a cuBLAS attention variant (any head size up to MAX_D) for the module that defines `forward`."""
+    register(Variant(name=name, module=forward.__module__, forward=forward, dtypes=dtypes, notebook=notebook,
+                     max_d=MAX_D, precision=precision, description=description))
 
-register(Variant(
-    name="cublas_tf32",
-    module=__name__,
-    forward=forward_tf32,
-    dtypes=("float32",),
-    notebook="05_cublas_attention",
-    max_d=MAX_D,
-    precision="tf32",
-    description="llm.c v4 with O = P V on TF32 tensor cores (S = Q K^T stays float32: TF32 logits fail 2e-3)",
-))
+
+register_cublas("cublas_fp32", forward, ("float32",), "05_cublas_attention", precision="float32",
+                description="cuBLAS strided batched GEMMs + fused scale/causal softmax (llm.c v4), float32 compute")
+register_cublas("cublas_tf32", forward_tf32, ("float32",), "05_cublas_attention", precision="tf32",
+                description="llm.c v4 with O = P V on TF32 tensor cores (S = Q K^T stays float32: TF32 logits fail 2e-3)")

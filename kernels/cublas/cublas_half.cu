@@ -1,53 +1,60 @@
 // cublas_half.cu -- the three small kernels around two 16-bit cuBLAS GEMMs (llm.c's "v5" and "v6").
 //
-// What it computes
-//   softmax_to_half<Out>   P[r, j] = exp(s*S[r, j] - m_r) / l_r  for j < n_r, and P[r, j] = 0 for n_r <= j < Tk,
-//                          where row r = ((b*H + h)*Tq + i) of the float32 score matrix S (B, H, Tq, Tk) that the
-//                          first GEMM wrote (raw dot products q.k, unscaled), s = scale, m_r = max_j s*S[r, j],
-//                          l_r = sum_j exp(s*S[r, j] - m_r). P is written as Out = Float16 or BFloat16.
-//                          Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq, so
-//                          n_r = clamp(i + Tk - Tq + 1, 0, Tk); without causal n_r = Tk. A row with n_r = 0 is 0.
-//                          Entries j >= n_r of S are never read.
-//   permute_qkv<In, Out, VEC>   llm.c's packed activations inp (B, T, 3, NH, hs) -> q, k, v (B, NH, T, hs):
-//                          q[b, h, t, e] = inp[b, t, 0, h, e], k[...] = inp[b, t, 1, h, e], v[...] = inp[b, t, 2, h, e],
-//                          converted from In (float, Float16, BFloat16) to Out (Float16, BFloat16).
-//   unpermute<In, Out, VEC>     o (B, NH, T, hs) -> out (B, T, NH*hs): out[b, t, h*hs + e] = o[b, h, t, e],
-//                          converted from In (Float16, BFloat16) to Out (the same type, or float).
-//   All tensors are row-major and C-contiguous.
+// What it computes (every tensor row-major and C-contiguous)
+//   softmax_to_half<Out>       P[r, j] = exp(s*S[r, j] - m_r) / l_r for j < n_r and 0 for n_r <= j < Tk, where S is the
+//                              float32 (B, H, Tq, Tk) matrix of raw dot products q.k that the first GEMM wrote, row
+//                              r = (b*H + h)*Tq + i, s = scale, m_r and l_r the max and the sum over j < n_r. Causal:
+//                              n_r = clamp(i + Tk - Tq + 1, 0, Tk) (bottom-right aligned: query i sees key j <= i + Tk
+//                              - Tq); else n_r = Tk. A row with n_r = 0 is 0; entries j >= n_r of S are never read.
+//   permute_qkv<In, Out, VEC>  inp (B, T, 3, NH, hs) -> q, k, v (B, NH, T, hs): q[b, h, t, e] = inp[b, t, 0, h, e],
+//                              k and v from slots 1 and 2; In = float, Float16 or BFloat16, Out = Float16 or BFloat16.
+//   unpermute<In, Out, VEC>    o (B, NH, T, hs) -> out (B, T, NH*hs): out[b, t, h*hs + e] = o[b, h, t, e]; In = Float16
+//                              or BFloat16, Out = the same type or float.
 //
-// Where it sits (kernels/cublas/cublas_half.py)
-//   v5:  permute_qkv -> cuBLAS S = Q K^T (16-bit in, float32 out) -> softmax_to_half -> cuBLAS O = P V
-//        (16-bit in and out, float32 accumulation) -> unpermute.     v6: the same without the two permutes.
+// Algorithm
+//   v5 (kernels/cublas/cublas_half.py): 1. permute_qkv; 2. cuBLAS S = Q K^T (16-bit in, float32 out);
+//   3. softmax_to_half; 4. cuBLAS O = P V (16-bit in and out, float32 accumulation); 5. unpermute. v6 skips 1 and 5.
+//   softmax_to_half, a warp per row (sketched above the kernel): 1. each lane loads its first CACHE_VEC4 groups of four
+//   visible scores into registers, takes its own max m_L and exponentiates them once (groups past the cache are
+//   folded in online); 2. the 32 (m_L, l_L) pairs are merged with shuffles into the row's (m, l); 3. cached weights
+//   are written times 2^(m_L - m) / l, groups past the cache read again, hidden entries written as 0.
 //
-// Launch configuration (chosen by the launcher)
-//   softmax_to_half:  one warp per row. block = BLOCK threads (a multiple of 32), grid = ceil(rows / (BLOCK/32)),
-//                     rows = B*H*Tq. No shared memory. Each lane keeps CACHE_VEC4 groups of four scores in
-//                     registers, so rows of up to 32*4*CACHE_VEC4 = 1024 scores are read once and exponentiated
-//                     once; the rest of a longer row is read a second time (from L2, mostly) when P is written.
-//   permute_qkv, unpermute: grid-stride loops, one thread per VEC consecutive elements of a head row
-//                     (VEC = 8 when hs % 8 == 0, else 1); block = BLOCK, grid = min(ceil(B*NH*T*hs/VEC / BLOCK),
-//                     MAX_GRID). All element indices are 64-bit, so tensors may exceed 2^31 elements.
+// Launch (1-D grids; no shared memory)
+//   softmax_to_half:        block = BLOCK, a multiple of 32 (256 in the launcher); grid = ceil(B*H*Tq / (BLOCK / 32))
+//   permute_qkv, unpermute: grid-stride loops, a thread per VEC consecutive elements of a head row; block = BLOCK
+//                           (256 in the launcher), grid = min(ceil(B*NH*T*hs / VEC / BLOCK), 65536)
 //
-// Vector access
-//   softmax_to_half reads S as float4 and writes 4 outputs as one 8-byte store when Tk % 4 == 0 and both base
-//   pointers are 16-byte aligned (the launcher passes vec = 1); otherwise it uses scalar accesses.
-//   The permutes move VEC elements per access (16 bytes for VEC = 8 16-bit values); the launcher picks VEC = 8
-//   only when hs % 8 == 0 and every base pointer is aligned to VEC elements.
+// Kernels (Out, In and VEC as above; VEC in {1, 2, 4, 8}; every size a length)
+//   softmax_to_half<Out>(Out* p, const float* s, long long rows, int Tq, int Tk, float scale, int causal, int vec)
+//       rows = B*H*Tq; scale in natural-log units (1/sqrt(d); the kernel folds log2(e) in); causal: 1 masks, 0 not;
+//       vec = 1 reads S as float4 and writes P 8 bytes at a time: it needs Tk % 4 == 0 and 16-byte aligned s and p
+//   permute_qkv<In, Out, VEC>(Out* q, Out* k, Out* v, const In* inp, int B, int T, int NH, int hs)
+//   unpermute<In, Out, VEC>(Out* out, const In* o, int B, int T, int NH, int hs)
+//       VEC elements per access: hs % VEC == 0 and every pointer aligned to VEC elements (the launcher takes VEC = 8,
+//       16 bytes of 16-bit data, where it can, else 1)
 //
-// Numerics
-//   All arithmetic is float32; exp2f with log2(e) folded into the scale; the max is subtracted before exp, so
-//   large logits cannot overflow. Conversions to 16 bits round to nearest even (PTX cvt.rn). Why S stays float32:
-//   a logit of magnitude 10 stored in float16 is off by up to 2^-11 * 10 = 0.005 (bfloat16: 0.04), and the
-//   softmax turns that absolute error into a relative error of the weight; P lies in [0, 1], so storing it in
-//   16 bits costs only its own relative rounding (2^-11 or 2^-8).
-//   No header is included: 16-bit values are carried as their bit patterns (Float16, BFloat16 below) and
-//   converted with inline PTX (cvt ... bf16 needs sm_80, the course's minimum).
+// Minimum compute capability 8.0: cvt.rn.bf16.f32, cvt.rn.f16x2.f32 and cvt.rn.bf16x2.f32 need sm_80 (`nvcc
+// -arch=sm_75` fails on them). Includes ptx/mma_sync.cuh (pack2<BF16>), which includes ptx/common.cuh. 16-bit values
+// are carried as their bit patterns (Float16, BFloat16 below), so no CUDA header is needed.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/cublas/cublas_half.cu -o cublas_half.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "softmax_to_half<Float16>" "softmax_to_half<BFloat16>"
+//     "permute_qkv<float, Float16, 1>" "permute_qkv<float, Float16, 8>" "permute_qkv<float, BFloat16, 1>"
+//     "permute_qkv<float, BFloat16, 8>" "permute_qkv<Float16, Float16, 1>" "permute_qkv<Float16, Float16, 8>"
+//     "permute_qkv<BFloat16, BFloat16, 1>" "permute_qkv<BFloat16, BFloat16, 8>"
+//     "unpermute<Float16, Float16, 1>" "unpermute<Float16, Float16, 8>" "unpermute<BFloat16, BFloat16, 1>"
+//     "unpermute<BFloat16, BFloat16, 8>" "unpermute<Float16, float, 1>" "unpermute<Float16, float, 8>"
+//     "unpermute<BFloat16, float, 1>" "unpermute<BFloat16, float, 8>"
 //
-// What comes next
-//   S and P still go through global memory. Per score: 4 bytes written by the first GEMM, about 2 read (the
-//   causal half of 4) and 2 written by the softmax, 2 read by the second GEMM: about 1.0 GB at B=8, H=12,
-//   T=1024, which alone takes about 0.34 ms at 3 TB/s, while q, k, v and o together are 12.6 MB. The tensor
-//   cores are idle most of that time. FlashAttention-2 on tensor cores (mma.sync) keeps S and P on chip.
+// Limits: element indices are 64-bit, so a tensor may exceed 2^31 elements; B, T, NH, hs, Tq and Tk each fit an int.
+// Numerics: float32 arithmetic; exp2f with log2(e) folded into the scale; the max is subtracted before the exponential,
+//   so large logits cannot overflow; conversions to 16 bits round to nearest even. S stays float32: a logit of 10
+//   held in float16 is off by up to 2^-11 * 10 = 0.005 (bfloat16: 0.04), which the softmax turns into a relative
+//   error of the weight; P lies in [0, 1], so 16 bits cost it only its own rounding (2^-11 or 2^-8).
+// Notes (what was tried and measured, where the time goes): kernels/cublas/README.md
+
+#include "ptx/mma_sync.cuh"
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -57,13 +64,25 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 // 16-bit floating-point values, held as their bit patterns.
 struct Float16 {
-    unsigned short bits;
+    u16 bits;
 };
 struct BFloat16 {
-    unsigned short bits;
+    u16 bits;
 };
 
-// Num<T>: conversion of T to and from float32.
+// One float32 -> 16 bits, rounded to nearest even: the one-value partner of ptx/mma_sync.cuh's pack2<BF16>.
+template <bool BF16>
+__device__ __forceinline__ u16 cvt_rn16(float f) {
+    u16 r;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    } else {
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    }
+    return r;
+}
+
+// Num<T>: conversion of T to and from float32; for the 16-bit types, BF16 picks pack2<BF16> and cvt_rn16<BF16>.
 template <typename T>
 struct Num;
 
@@ -75,39 +94,22 @@ struct Num<float> {
 
 template <>
 struct Num<Float16> {
+    static constexpr bool BF16 = false;
     static __device__ __forceinline__ float to_float(Float16 x) {
         float f;
         asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
         return f;
     }
-    static __device__ __forceinline__ Float16 from_float(float f) {
-        Float16 x;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(x.bits) : "f"(f));
-        return x;
-    }
-    // Two values packed in 32 bits, `lo` in the low half (the lower address).
-    static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
+    static __device__ __forceinline__ Float16 from_float(float f) { return {cvt_rn16<false>(f)}; }
 };
 
 template <>
 struct Num<BFloat16> {
+    static constexpr bool BF16 = true;
     static __device__ __forceinline__ float to_float(BFloat16 x) {
-        return __uint_as_float(static_cast<unsigned>(x.bits) << 16);  // bfloat16 is float32's upper half
+        return __uint_as_float(static_cast<u32>(x.bits) << 16);  // bfloat16 is float32's upper half
     }
-    static __device__ __forceinline__ BFloat16 from_float(float f) {
-        BFloat16 x;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(x.bits) : "f"(f));
-        return x;
-    }
-    static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
+    static __device__ __forceinline__ BFloat16 from_float(float f) { return {cvt_rn16<true>(f)}; }
 };
 
 // Convert<Out, In>: a value of type In as type Out (through float32; a plain copy when the types agree).
@@ -182,7 +184,7 @@ __device__ __forceinline__ float weight(float x, float m, float inv) {
 template <typename Out>
 __device__ __forceinline__ void store4(Out* y, int j4, float4 w, int Tk, int vec) {
     if (vec) {
-        const uint2 packed = make_uint2(Num<Out>::pack2(w.x, w.y), Num<Out>::pack2(w.z, w.w));
+        const uint2 packed = make_uint2(pack2<Num<Out>::BF16>(w.x, w.y), pack2<Num<Out>::BF16>(w.z, w.w));
         __stcs(reinterpret_cast<uint2*>(y) + j4, packed);  // P is not read again by this kernel
     } else {
         const int j = 4 * j4;
@@ -268,6 +270,23 @@ __global__ void softmax_to_half(Out* __restrict__ p, const float* __restrict__ s
 
 // ---- 2. llm.c's permutes, for 16-bit (and float32 -> 16-bit) data -------------------------------------
 
+// Both permutes number their threads in head-major order: idx = ((b*NH + h)*T + t)*chunks + c, chunk c holding
+// elements c*VEC .. c*VEC + VEC-1 of the head row (b, h, t). split_head_major undoes that numbering.
+struct HeadChunk {
+    long long token;  // b*T + t: the token's row in the (B*T, ...) token-major layout
+    int h, c;         // head, chunk
+};
+
+__device__ __forceinline__ HeadChunk split_head_major(long long idx, int chunks, int T, int NH) {
+    const int c = (int)(idx % chunks);
+    long long r = idx / chunks;
+    const int t = (int)(r % T);
+    r /= T;
+    const int h = (int)(r % NH);
+    const long long b = r / NH;
+    return {b * T + t, h, c};
+}
+
 // inp (B, T, 3, NH, hs) -> q, k, v (B, NH, T, hs). Thread index = (b, h, t, chunk of VEC elements) in the
 // order of the outputs, so writes are contiguous and each head row of hs elements is one contiguous read.
 template <typename In, typename Out, int VEC>
@@ -279,13 +298,8 @@ __global__ void permute_qkv(Out* __restrict__ q, Out* __restrict__ k, Out* __res
     const long long total = (long long)B * NH * T * chunks;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const int c = (int)(idx % chunks);
-        long long r = idx / chunks;
-        const int t = (int)(r % T);
-        r /= T;
-        const int h = (int)(r % NH);
-        const long long b = r / NH;
-        const long long src = (b * T + t) * 3 * C + (long long)h * hs + (long long)c * VEC;  // q part of token t
+        const HeadChunk at = split_head_major(idx, chunks, T, NH);
+        const long long src = at.token * 3 * C + (long long)at.h * hs + (long long)at.c * VEC;  // q part of the token
         const long long dst = idx * VEC;
         Out* outs[3] = {q, k, v};
 #pragma unroll
@@ -308,13 +322,8 @@ __global__ void unpermute(Out* __restrict__ out, const In* __restrict__ o, int B
     const long long total = (long long)B * NH * T * chunks;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const int c = (int)(idx % chunks);
-        long long r = idx / chunks;
-        const int t = (int)(r % T);
-        r /= T;
-        const int h = (int)(r % NH);
-        const long long b = r / NH;
-        const long long dst = ((b * T + t) * NH + h) * (long long)hs + (long long)c * VEC;
+        const HeadChunk at = split_head_major(idx, chunks, T, NH);
+        const long long dst = (at.token * NH + at.h) * (long long)hs + (long long)at.c * VEC;
         const Pack<In, VEC> a = *reinterpret_cast<const Pack<In, VEC>*>(o + idx * VEC);
         Pack<Out, VEC> y;
 #pragma unroll

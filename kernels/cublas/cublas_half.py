@@ -13,29 +13,22 @@ The same three steps as kernels/cublas/cublas_attention.py (llm.c v4), with 16-b
     O = P V      cublasGemmStridedBatchedEx, A/B/C 16-bit, CUBLAS_COMPUTE_32F (float32 accumulation)
 
 The row-major -> column-major mapping of both GEMMs is the one explained in kernels/cublas/cublas_attention.py;
-`_qk_gemm` and `_pv_gemm` there are reused as they are (the data types come from the arrays' dtypes).
+its `qk_gemm` and `pv_gemm` are reused as they are (the data types come from the arrays' dtypes).
 
 Why 16 bits is faster. Tensor cores multiply 16-bit inputs; with float32 inputs cuBLAS either runs FMA on
 CUDA cores (67 TFLOP/s peak on an H100) or rounds to TF32. Halving the bytes of P also halves the traffic of
 the softmax write and of the second GEMM's read, which dominate at long sequences.
 
 Why S stays float32. llm.c's v5 writes S in 16 bits. A logit of 10 held in float16 is off by up to 0.005
-(bfloat16: 0.04), and the softmax turns that absolute error into a relative error of each weight. In a NumPy
-simulation (causal, T = 257, d = 64, inputs of std 10) rounding S to 16 bits gives a relative L2 error of
-4.0e-3 in float16 and 3.0e-2 in bfloat16, over the 2e-3 and 1e-2 bars; with S in float32 and only P and O
-rounded it is 1.1e-4 and 7.8e-4. P lies in [0, 1], so storing it in 16 bits costs only its relative
-rounding. The price: S costs 4 bytes per score instead of 2.
+(bfloat16: 0.04), and the softmax turns that absolute error into a relative error of each weight: with inputs
+of std 10, 16-bit S fails the float16 and bfloat16 bars, while float32 S with only P and O rounded passes
+both with room (the simulated errors: kernels/cublas/README.md). P lies in [0, 1], so storing it in 16 bits
+costs only its relative rounding. The price: S costs 4 bytes per score instead of 2.
 
-Where the time goes (H100, B=8, H=12, T=1024, d=64, causal, float16; GPU time without host overhead):
-S = Q K^T 0.16 ms (0.09 ms if S were 16-bit, as in llm.c), softmax 0.17 ms, O = P V 0.09 ms: every step
-moves the (B, H, T, T) matrices through memory at 2.3-2.5 TB/s, and the GEMMs reach 80-150 TFLOP/s of the
-989 the tensor cores offer. The permutes of v5 add 0.03 + 0.01 ms.
-
-The cupy.matmul trap. For batched float16 operands cupy.matmul does not reach tensor-core speed (measured
-on an H100 for the 96 products of the shape above: 13-15 TFLOP/s, against 80-90 TFLOP/s for the same
-products through gemmStridedBatchedEx timed call by call, about 145-150 TFLOP/s of GPU time), and CuPy 14.2
-refuses bfloat16 matmul altogether ("data type 'E' not understood"). kernels.bench.matmul_vs_gemmex repeats the
-measurement. The GEMMs here therefore call cuBLAS directly.
+The cupy.matmul trap. For batched float16 operands cupy.matmul does not reach tensor-core speed, and CuPy 14.2
+refuses bfloat16 matmul altogether ("data type 'E' not understood"), so the GEMMs here call cuBLAS directly.
+kernels.bench.matmul_vs_gemmex measures the difference; where the time of each step goes is in notebook 06,
+section 2, and kernels/cublas/README.md.
 
 llm.c v6. llm.c's dev/cuda/attention_forward.cu runs v6 as v5 with the permute and unpermute kernels skipped
 on the timed runs (they run only on the first, validated call): it measures attention as if the layers around
@@ -47,8 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import INT32_MAX, ceil_div, check_array, cp, get_kernel, require_gpu, validate_attention
-from .cublas_attention import MAX_D, _gemm_strided_batched, _pv_gemm, _qk_gemm, check_scratch
-from ..core.registry import Variant, register
+from .cublas_attention import MAX_D, check_scratch, gemm_strided_batched, pv_gemm, qk_gemm, register_cublas
 
 KERNEL_FILE = "cublas_half.cu"
 HALF_DTYPES = ("float16", "bfloat16")
@@ -150,11 +142,11 @@ def forward(q, k, v, *, causal=False, scale=None):
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=HALF_DTYPES, max_d=MAX_D, what=what, scale=scale)
     check_scratch(scratch_bytes(B, H, Tq, Tk, d), what)
     s = cp.empty((B, H, Tq, Tk), dtype=cp.float32)
-    _qk_gemm(q, k, s, 1.0, False)                                    # S = Q K^T: 16-bit in, float32 out
+    qk_gemm(q, k, s, 1.0, False)                                     # S = Q K^T: 16-bit in, float32 out
     p = softmax_half(s, scale=scale, causal=causal, dtype=q.dtype)   # P: float32 math, 16-bit out
     del s
     o = cp.empty((B, H, Tq, d), dtype=q.dtype)
-    _pv_gemm(p, v, o, False)                                         # O = P V: 16-bit in and out
+    pv_gemm(p, v, o, False)                                          # O = P V: 16-bit in and out
     return o
 
 
@@ -259,30 +251,17 @@ def batched_matmul(a, b):
         raise ValueError(f"a {a.shape} and b {b.shape} must be (batch, M, K) and (batch, K, N)")
     N = b.shape[2]
     c = cp.empty((batch, M, N), dtype=a.dtype)
-    _gemm_strided_batched("CUBLAS_OP_N", "CUBLAS_OP_N", N, M, K, 1.0,
-                          b, N, K * N,       # A = b^T column-major (b row-major)
-                          a, K, M * K,       # B = a^T column-major
-                          0.0, c, N, M * N,  # C = c^T column-major = c row-major
-                          batch, False)
+    gemm_strided_batched("CUBLAS_OP_N", "CUBLAS_OP_N", N, M, K, 1.0,
+                         b, N, K * N,       # A = b^T column-major (b row-major)
+                         a, K, M * K,       # B = a^T column-major
+                         0.0, c, N, M * N,  # C = c^T column-major = c row-major
+                         batch, False)
     return c
 
 
-register(Variant(
-    name="cublas_fp16",
-    module=__name__,
-    forward=forward,
-    dtypes=("float16",),
-    notebook="06_fp16_tensor_cores",
-    max_d=MAX_D,
-    description="llm.c v5/v6: float16 cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + fused softmax",
-))
-
-register(Variant(
-    name="cublas_bf16",
-    module=__name__,
-    forward=forward,
-    dtypes=("bfloat16",),
-    notebook="06_fp16_tensor_cores",
-    max_d=MAX_D,
-    description="llm.c v5/v6 in bfloat16: cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + fused softmax",
-))
+register_cublas("cublas_fp16", forward, ("float16",), "06_fp16_tensor_cores",
+                description="llm.c v5/v6: float16 cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + "
+                            "fused softmax")
+register_cublas("cublas_bf16", forward, ("bfloat16",), "06_fp16_tensor_cores",
+                description="llm.c v5/v6 in bfloat16: cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + "
+                            "fused softmax")
