@@ -127,7 +127,7 @@ def test_environment_yml_matches_requirements():
 
 def test_test_requirements_cover_the_test_imports():
     names = _pip_names(ROOT / "requirements-test.txt")
-    for needed in ("numpy", "pytest", "nbval", "ipykernel", "matplotlib", "cuda-bindings", "nvidia-cuda-nvrtc"):
+    for needed in ("numpy", "pytest", "nbval", "nbclient", "ipykernel", "matplotlib", "cuda-bindings", "nvidia-cuda-nvrtc"):
         assert needed in names, f"requirements-test.txt lacks {needed}"
 
 
