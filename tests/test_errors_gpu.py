@@ -137,10 +137,20 @@ def test_masked_softmax_clamps_bad_lengths_when_unchecked(gpu):
 
 
 def test_no_gpu_error_names_the_reason(monkeypatch):
+    """A driver but no CuPy: the reason says to install CuPy."""
     monkeypatch.setattr(core.device, "_GPU_OK", False)
     monkeypatch.setattr(core.device, "cp", None)
+    monkeypatch.setattr(core.device, "_driver_library_loads", lambda: True)
     with pytest.raises(kernels.GPUNotAvailableError, match="CuPy is not installed"):
         core.require_gpu()
+
+
+def test_no_driver_is_named_before_cupy(monkeypatch):
+    """Neither a driver nor CuPy: the reason is the driver, since installing CuPy would change nothing."""
+    monkeypatch.setattr(core.device, "_GPU_OK", False)
+    monkeypatch.setattr(core.device, "cp", None)
+    monkeypatch.setattr(core.device, "_driver_library_loads", lambda: False)
+    assert core.gpu_unavailable_reason().startswith("no NVIDIA driver / no GPU")
 
 
 def test_no_driver_is_named_as_such(monkeypatch):

@@ -67,10 +67,11 @@ def gpu_unavailable_reason() -> str | None:
     global _GPU_OK
     if _GPU_OK:
         return None
-    if cp is None:
-        return "CuPy is not installed (pip install cupy-cuda13x, or cupy-cuda12x for a CUDA 12 driver)"
+    # The driver first: without one, installing CuPy would change nothing.
     if not _driver_library_loads():
         return "no NVIDIA driver / no GPU (the driver library libcuda cannot be loaded on this machine)"
+    if cp is None:
+        return "CuPy is not installed (pip install cupy-cuda13x, or cupy-cuda12x for a CUDA 12 driver)"
     try:
         n = cp.cuda.runtime.getDeviceCount()
     except Exception as e:  # a driver without a device, a driver older than CuPy's CUDA, ...
