@@ -1,7 +1,7 @@
 """The Triton FlashAttention-2 (kernels/pytorch/flash2_triton.py): gradients against the float64 reference, the autograd
 Function, the opt-in autotune, streams and bad input. Its forward is also in tests/test_attention_gpu.py's grid.
 
-Needs a GPU, torch and Triton. CPU CI has neither torch nor Triton, so these tests skip there (with the reason);
+Needs a GPU, torch and Triton; where one of them is missing these tests skip with the reason;
 the float64 backward they compare with is tested on the CPU in tests/test_reference_backward.py.
 """
 
@@ -20,8 +20,8 @@ from kernels.pytorch import flash2_triton as F
 def tr():
     """(cupy, torch): skips, with the reason, where torch, Triton or a GPU is missing. torch is asked first, so that
     CPU CI (no torch, no Triton, no GPU) says that it has no torch."""
-    torch = pytest.importorskip("torch", reason="flash2_triton needs torch (not installed: CPU CI has no torch)")
-    pytest.importorskip("triton", reason="flash2_triton needs Triton (not installed: CPU CI has no Triton)")
+    torch = pytest.importorskip("torch", reason="flash2_triton needs torch (not installed; requirements.txt installs it)")
+    pytest.importorskip("triton", reason="flash2_triton needs Triton (not installed; it comes with torch on Linux)")
     reason = kernels.gpu_unavailable_reason()
     if reason is not None:
         pytest.skip(f"needs a CUDA GPU: {reason}")
