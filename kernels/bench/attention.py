@@ -540,7 +540,7 @@ def update_readme(readme: Path, result: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench", description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=("all", "llmc", "long"), default="all")
     p.add_argument("--quick", action="store_true", help=f"long suite at T in {QUICK_T} only")
     p.add_argument("--variants", nargs="*", help=f"variants to run (default: all of {sorted(REGISTRY)})")

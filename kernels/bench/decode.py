@@ -253,7 +253,7 @@ def table(result: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.decode", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", type=int, default=list(range(len(SHAPES))),
                    help=f"indices into SHAPES (0..{len(SHAPES) - 1})")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "decode.json")

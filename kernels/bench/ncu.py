@@ -13,12 +13,14 @@ cuDNN backend, once each per d, with the Hopper rows added (wgmma's tensor-pipe 
 13 shows results/h100-ncu-hopper.txt. Needs `ncu` on the PATH.
 """
 
+import argparse
 import csv
 import io
+import shutil
 import subprocess
 import sys
 
-from .common import ROOT
+from .common import NO_GPU, ROOT, gpu_missing
 
 STALLS = ["wait", "short_scoreboard", "long_scoreboard", "barrier", "math_pipe_throttle", "mio_throttle",
           "not_selected", "dispatch_stall", "no_instruction", "lg_throttle"]
@@ -141,12 +143,30 @@ def main_hopper():
     print_table(head, units, data, names, HOPPER_METRICS)
 
 
-if __name__ == "__main__":
-    if "--launch" in sys.argv:
+def cli(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.ncu", description=__doc__.split("\n")[0],
+                                epilog="Needs Nsight Compute's ncu on the PATH and a CUDA GPU.")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--hopper", action="store_true", help="profile hopper_fa3 beside cuDNN instead (an H100)")
+    what.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the side that ncu runs
+    what.add_argument("--launch-hopper", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.launch:
         launch()
-    elif "--launch-hopper" in sys.argv:
+        return 0
+    if args.launch_hopper:
         launch_hopper()
-    elif "--hopper" in sys.argv:
-        main_hopper()
-    else:
-        main()
+        return 0
+    if shutil.which("ncu") is None:
+        print("kernels.bench.ncu needs Nsight Compute's `ncu` on the PATH (it comes with the CUDA toolkit)",
+              file=sys.stderr)
+        return NO_GPU
+    missing = gpu_missing("python3 -m kernels.bench.ncu")
+    if missing is not None:
+        return missing
+    main_hopper() if args.hopper else main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -185,7 +185,7 @@ def table(result: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.sampling", description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--vocabs", type=int, nargs="+", default=list(VOCABS))
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-sampling.json")

@@ -222,7 +222,7 @@ def summary(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.torch_ops", description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=list(TS))
     p.add_argument("--d", type=int, nargs="+", default=list(DS))
     p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])

@@ -300,7 +300,7 @@ def run(Ts=T_VALUES, ds=D_VALUES, causals=(False, True), *, do_sweep=False, out_
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.triton", description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=list(T_VALUES))
     p.add_argument("--d", type=int, nargs="+", default=list(D_VALUES))
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")

@@ -282,7 +282,7 @@ def table(result: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m kernels.bench.varlen", description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, nargs="*", default=list(range(len(BATCHES))))
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-varlen.json")
     args = p.parse_args(argv)

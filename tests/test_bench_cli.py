@@ -1,0 +1,34 @@
+"""The benchmark entry points on a machine without a GPU (CPU): --help explains and starts nothing; a run says why it
+cannot start and exits with status 2, without a traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ["kernels.bench", "kernels.bench.decode", "kernels.bench.varlen", "kernels.bench.sampling",
+            "kernels.bench.triton", "kernels.bench.torch_ops", "kernels.bench.ncu"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_starts_nothing(module):
+    res = run(module, "--help")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"usage: python3 -m {module} "), res.stdout[:200]
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_without_a_gpu_a_run_says_why(module):
+    import kernels
+
+    if kernels.gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is here: the benchmark would run")
+    res = run(module)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "needs" in (res.stdout + res.stderr), res.stderr
