@@ -481,7 +481,11 @@ def markdown_tables(result: dict) -> str:
                 "rounds; each row is its median round, and a ratio is the median over the rounds of peer kernel time / "
                 "our kernel time within a round: above 1 is faster. " if result.get("rounds") else
                 "Ratios are peer kernel time / our kernel time: above 1 is faster. ")
-             + f"Correctness is checked on the last {result['check_rows']} query rows of two heads of the timed outputs.",
+             + f"Correctness is checked on the last {result['check_rows']} query rows of two heads of the timed outputs. "
+             "A peer marked *not run* has no kernel for that input (SDPA's flash and cuDNN backends take 16-bit inputs "
+             "only; the message is torch's). A call time can come out below the kernel time: the kernel time is taken "
+             "with calls back to back, at the clock the GPU's power limit allows under that load, the call time from "
+             "one call on an idle GPU, which starts at its top clock.",
              "", f"**llm.c's shape** (B={s['B']}, H={s['H']}, T={s['T']}, d={s['d']}, causal):", ""]
     lines += _markdown(llmc_table(result))
     L = result["long"]
