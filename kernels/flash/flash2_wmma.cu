@@ -47,7 +47,7 @@
 //     scale_log2   scale * log2(e), e.g. log2(e) / sqrt(d): the kernel works in base 2
 //     causal       0 or 1
 //
-// Needs sm_80 (bf16 wmma; the fp16 builds alone would run on sm_70). Headers: ptx/common.cuh (exp2_ftz) and CUDA's
+// Needs sm_80 (bf16 wmma; the fp16 builds alone also build for sm_75). Headers: ptx/common.cuh (exp2_ftz) and CUDA's
 // <mma.h>, which includes "crt/mma.h": some installs of the nvidia-cuda-runtime wheel (the headers CuPy hands to
 // NVRTC) lack it, and the launcher then adds -I for a CUDA include directory that has it (cuda_header_options).
 // Build it alone, from the repository root:
