@@ -57,7 +57,7 @@
 //   so 2^(-inf - 0) = 0 and nothing is NaN. Relative L2 error against float64: about 1e-7 for unit inputs, at most
 //   4.2e-6 for magnitude-10 inputs (H100, the grids of tests/test_attention_gpu.py and tests/test_flash2_gpu.py).
 //
-// Notes (registers, tile sweep, what comes next): kernels/flash/README.md
+// Notes (registers, tile sweep, speed against SDPA, what is left to try): kernels/flash/README.md
 
 #include "ptx/common.cuh"
 #include "ptx/cp_async.cuh"
