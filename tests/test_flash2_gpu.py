@@ -1,5 +1,6 @@
-"""What the registry grid does not cover for the tiled kernels: any head size, misaligned inputs, the tiles of
-notebook 04's sweep (any of which may become a default), and LSE with magnitude-10 inputs."""
+"""What the registry grid does not cover for the tiled kernels: any head size, misaligned inputs, the tiles of the
+sweep that chose flash2's defaults (any of which may become a default; kernels/flash/README.md), and LSE with
+magnitude-10 inputs."""
 
 import numpy as np
 import pytest

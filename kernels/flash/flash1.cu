@@ -2,35 +2,35 @@
 //
 // What it computes
 //   O = softmax(scale * Q K^T [+ causal mask]) V and LSE = log(sum_j exp(scale * q_i . k_j)) (natural log),
-//   for Q (B, H, Tq, d), K and V (B, H, Tk, d), O (B, H, Tq, d); float32, row-major, contiguous. Causal
-//   masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A row that sees no key gives
-//   O = 0 and LSE = -inf. This is llm.c's attention_forward v2 / flash-attention-minimal made right: any Tq
-//   and Tk (not only multiples of the tile), d up to 128 (more than 48 KB of shared memory, requested),
-//   causal or not, any scale, rows that see nothing.
+//   for Q (B, H, Tq, d), K and V (B, H, Tk, d), O (B, H, Tq, d), LSE (B, H, Tq); float32, row-major, contiguous.
+//   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A row that sees no key gives
+//   O = 0 and LSE = -inf. This is llm.c's attention_forward v2 / flash-attention-minimal made right: any Tq and Tk
+//   (not only multiples of the tile), d up to 128 (more than 48 KB of shared memory, requested), causal or not,
+//   any scale, rows that see nothing.
 //
 // Algorithm (K/V tiles OUTER, Q tiles INNER, as in the paper)
-//   HBM holds O, l (row sums) and m (row maxima) for every query row; the kernel sets O = 0, l = 0,
-//   m = -inf. Then, for each K/V tile j of BC keys (loaded once into shared memory):
-//     for each Q tile i of BR rows (skipped when causal masks all of it):
-//       load Q_i (SRAM), read O_i, l_i, m_i (HBM)
-//       S = scale * Q_i K_j^T;  m~ = rowmax S;  P = exp(S - m~);  l~ = rowsum P
-//       m_new = max(m_i, m~);   l_new = e^(m_i - m_new) l_i + e^(m~ - m_new) l~
-//       O_i = (l_i e^(m_i - m_new) O_i + e^(m~ - m_new) P V_j) / l_new     (O stays normalised)
-//       write O_i, l_new, m_new back to HBM
-//   and at the end LSE = m + log l. Every query row's state makes a round trip through global memory once
-//   per K/V tile: that round trip, and one block per (b, h), are what FlashAttention-2 removes.
+//   0. HBM holds O, l (row sums) and m (row maxima) for every query row: O = 0, l = 0, m = -inf.
+//   1. For each K/V tile j of BC keys (loaded once into shared memory):
+//   2.   for each Q tile i of BR rows (skipped when causal masks all of it):
+//          load Q_i (SRAM), read O_i, l_i, m_i (HBM)
+//          S = scale * Q_i K_j^T;  m~ = rowmax S;  P = exp(S - m~);  l~ = rowsum P
+//          m_new = max(m_i, m~);   l_new = e^(m_i - m_new) l_i + e^(m~ - m_new) l~
+//          O_i = (l_i e^(m_i - m_new) O_i + e^(m~ - m_new) P V_j) / l_new     (O stays normalised)
+//          write O_i, l_new, m_new back to HBM
+//   3. LSE = m + log l. Every query row's state makes a round trip through global memory once per K/V tile: that
+//      round trip, and one block per (b, h), are what FlashAttention-2 (flash2.cu, notebook 04) removes.
 //
 // Parallelism (the design of the paper's reference code and of flash-attention-minimal)
-//   grid = B*H blocks, one per (b, h); block = BR threads (one warp); thread t owns query row q0 + t of every
-//   Q tile, so each O/l/m row is read and written by one thread only (no race on global memory) and the
-//   Q and S rows in shared memory are private to their thread (no barrier inside the Q loop).
-//   At B=8, H=12 that is 96 warps on a GPU with 132 SMs: the GPU is mostly idle. That is the lesson.
+//   One block (one warp) per (b, h); thread t owns query row q0 + t of every Q tile, so each O/l/m row is read and
+//   written by one thread only (no race on global memory) and the Q and S rows in shared memory are private to
+//   their thread (no barrier inside the Q loop). At B=8, H=12 that is 96 warps on a GPU with 132 SMs: the GPU is
+//   mostly idle. That is the lesson.
 //
 // Global traffic of O, l, m per K/V tile (one (b, h), no causal skipping)
-//   read O_i, l_i, m_i and write them back for all Tq rows: 2 * Tq * (d + 2) floats = 8 * Tq * (d + 2) bytes,
-//   plus Tq * d floats of Q read again. Over the ceil(Tk / BC) K/V tiles: 8 * Tq * (d + 2) * ceil(Tk / BC)
-//   bytes per head (B=8, H=12, T=1024, d=64: 1.66 GB, about half of it with causal skipping), where the
-//   output itself is 4 * Tq * d bytes per head. The O accesses are also uncoalesced (thread t walks row t).
+//   read O_i, l_i, m_i and write them back for all Tq rows: 8 * Tq * (d + 2) bytes, plus Tq * d floats of Q read
+//   again; over the ceil(Tk / BC) K/V tiles 8 * Tq * (d + 2) * ceil(Tk / BC) bytes per head (B=8, H=12, T=1024,
+//   d=64: 1.66 GB, about half of it with causal skipping), where the output itself is 4 * Tq * d bytes per head.
+//   The O accesses are also uncoalesced (thread t walks row t).
 //
 // Shared memory (dynamic, floats)
 //   Qs [BR][d+1]   each thread's Q row (padded by 1: thread t reads Qs[t][x], 32 different banks)
@@ -39,9 +39,20 @@
 //   Ss [BR][BC+1]  each thread's row of S, then of P (padded by 1)
 //   bytes = 4 * (BR*(d+1) + 2*BC*d + BR*(BC+1));  BR = BC = 32, d = 128: 54,400 B > 48 KB (opt-in).
 //
-// Launch configuration
-//   grid = (B*H), block = (BR), shared memory = bytes above (the launcher raises the limit above 48 KB).
-//   Scratch: l and m, (B, H, Tq) float32 each, allocated by the launcher and initialised here.
+// Launch: grid = (B*H), block = (BR) = 32 threads, shared memory = the bytes above (above 48 KB: opt-in).
+//
+// Kernel
+//   extern "C" __global__ void flash1_forward(const float* q, const float* k, const float* v, float* o,
+//       float* l_hbm, float* m_hbm, float* lse, int Tq, int Tk, int d, float scale, int causal)
+//     l_hbm, m_hbm  scratch, (B, H, Tq) float32 each: allocated by the caller, initialised by the kernel
+//     lse           (B, H, Tq) float32, always written (not optional)
+//     Tq, Tk, d     lengths (query rows, keys, head size <= 128)
+//     scale         the softmax scale in natural units (e.g. 1/sqrt(d)); causal: 0 or 1
+//
+// Minimum compute capability: none beyond plain CUDA (no PTX header; it builds for sm_75 too, the course runs sm_80+).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash1.cu -o flash1.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)
 //
 // Limits
 //   d <= 128 (MAX_D); q and k hold at most 2^31 - 1 elements (the launcher checks).
@@ -50,10 +61,7 @@
 //   float32, accurate expf/logf (no fast-math). O is renormalised after every K/V tile, as in the paper:
 //   one extra rounding per tile, well inside 1e-5 for the sequence lengths of the course.
 //
-// What comes next
-//   flash2.cu (notebook 04) swaps the loops: one block per Q tile keeps O, l, m in registers for the whole
-//   key sequence, divides by l once, grows the grid to B*H*ceil(Tq/BR) blocks, and tiles each thread's
-//   work in registers so that the FMA units, not memory, set the speed.
+// Notes: kernels/flash/README.md
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 

@@ -40,10 +40,6 @@ class Flash2Tile(NamedTuple):
     TN: int
 
     @property
-    def rows(self) -> int:
-        return self.BR
-
-    @property
     def threads(self) -> int:
         """(BC / TN) * (BR / TM): TX threads along the keys times TY along the rows."""
         return (self.BC // self.TN) * (self.BR // self.TM)
@@ -74,11 +70,11 @@ class Flash2Tile(NamedTuple):
             raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
-# The default tile per D, chosen by a sweep on an H100 at B=8, H=12, T=1024, causal (notebook 04 shows it).
+# The default tile per D, chosen by a tile sweep on an H100 (kernels/flash/README.md).
 TILES = {
     32: Flash2Tile(64, 64, 4, 8),  # 128 threads, 45 KB shared memory
-    64: Flash2Tile(64, 64, 4, 8),  # 128 threads, 69 KB shared memory, 168 registers: 3 blocks per H100 SM
-    128: Flash2Tile(64, 32, 4, 4),  # 128 threads, 76 KB shared memory: 2 blocks per SM
+    64: Flash2Tile(64, 64, 4, 8),  # 128 threads, 69 KB shared memory
+    128: Flash2Tile(64, 32, 4, 4),  # 128 threads, 76 KB shared memory
 }
 
 

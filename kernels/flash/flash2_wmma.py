@@ -48,10 +48,6 @@ class WmmaTile(NamedTuple):
     BC: int
 
     @property
-    def rows(self) -> int:
-        return self.BR
-
-    @property
     def threads(self) -> int:
         return 32 * (self.BR // FRAG)
 
@@ -74,13 +70,11 @@ class WmmaTile(NamedTuple):
             raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
 
 
-# The default tile per D, chosen by a sweep on an H100 (fp16, B=4, H=32, T in {1024, 4096}, causal and not, next
-# to torch SDPA flash): D=64: (128, 64) 0.52x SDPA on average, (64, 64) 0.49x, (64, 32) 0.46x;
-# D=128: (128, 32) 0.53x, (64, 32) 0.48x, (64, 64) 0.44x. D=32 was not swept.
+# The default tile per D, chosen by a tile sweep next to torch SDPA flash (its figures: kernels/flash/README.md).
 TILES = {
     32: WmmaTile(64, 64),  # 128 threads, 42,240 B shared memory
-    64: WmmaTile(128, 64),  # 256 threads, 90,624 B shared memory: 2 blocks per H100 SM
-    128: WmmaTile(128, 32),  # 256 threads, 81,408 B shared memory: 2 blocks per SM
+    64: WmmaTile(128, 64),  # 256 threads, 90,624 B shared memory
+    128: WmmaTile(128, 32),  # 256 threads, 81,408 B shared memory
 }
 
 
