@@ -182,11 +182,10 @@
 //   lazy rescaling) rounded to the inputs' 16-bit type (round to nearest) before P V, l summed from the unrounded p,
 //   o rounded once at the end.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define DEVICE __device__ __forceinline__
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
 
 // ---- tile sizes per head dimension (the launcher passes them with -D; these defaults are what `nvcc -c` sees) ----
 #ifndef BLOCK_M_D64
@@ -265,13 +264,8 @@ template <int D> struct Shape {
     static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_TILE_BYTES % SMEM_ALIGN == 0, "tiles start on 1024-byte bounds");
 };
 
-// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
-struct alignas(64) TensorMap {
-    u64 opaque[16];
-};
-
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers (sm_90a)
+// Constants, descriptors and the wgmma instructions of this kernel (sm_90a)
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -279,77 +273,10 @@ constexpr float LN2 = 0.6931471805599453f;
 constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 = 256 (see the header)
 #define NEG_INF __int_as_float(0xff800000)                  // -inf (NVRTC has no math.h for INFINITY)
 
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// mbarrier: init with an arrival count; arrive; arrive and announce the bytes TMA will deliver; wait on a parity.
-DEVICE void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-DEVICE void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-DEVICE void mbar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {  // try_wait suspends the thread for a while inside the instruction; the loop does not spin hard
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// TMA: one box of a 3-D tensor (coordinates innermost first: column, row, batch*head) into shared memory, its bytes
-// counted against the mbarrier `bar`. The tensor map lives in parameter memory; TMA takes its generic address.
-DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-DEVICE void prefetch_tensor_map(const TensorMap& map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
-}
-
-// setmaxnreg: all threads of a warpgroup change their register allocation together.
-template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// wgmma bookkeeping: fence (register writes of ordinary instructions, to accumulators or to a register A operand,
-// are visible to the next wgmma), commit the wgmmas issued so far as one group, wait until at most N groups run.
-DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// The compiler must neither move nor copy registers that a running wgmma owns (accumulators, a register A operand)
-// across a fence or wait: an empty asm that "reads and writes" them pins them in place.
-template <int N> DEVICE void pin(float (&x)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
-}
-template <int N> DEVICE void pin(u32 (&x)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i])::"memory");
-}
-
-// Shared-memory matrix descriptors (64 bits; PTX ISA "Matrix Descriptor Format"; the fields are described in
-// hopper_gemm.cu): start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in
-// 32-45, base offset 0 in 49-51 (every tile starts on a 1024-byte boundary), swizzle mode 1 = 128 bytes in 62-63.
-DEVICE u64 make_descriptor(u32 addr, u32 leading_bytes, u32 stride_bytes) {
-    constexpr u64 SWIZZLE_128B = 1;
-    return static_cast<u64>((addr & 0x3FFFF) >> 4)
-           | static_cast<u64>((leading_bytes & 0x3FFFF) >> 4) << 16
-           | static_cast<u64>((stride_bytes & 0x3FFFF) >> 4) << 32
-           | SWIZZLE_128B << 62;
-}
-// K-major (Q and K for S = Q K^T): the next 8 rows are one swizzle atom further; the leading offset is unused (1).
-DEVICE u64 kmajor_descriptor(u32 addr) { return make_descriptor(addr, 16, SWIZZLE_ATOM); }
 // MN-major (V for O = P V, with imm-trans-b = 1): the next 64 d-columns are a whole half-block further
 // (LBO = BLOCK_N * 128 bytes), the next 8 keys one swizzle atom further (SBO = 1024). See the header.
 template <int BLOCK_N> DEVICE u64 mnmajor_descriptor(u32 addr) {
-    return make_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
+    return smem_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
 }
 
 // ---- the wgmma instructions: accumulator lists written out (PTX wants each register named) ----
@@ -412,22 +339,6 @@ template <bool BF16> DEVICE void wgmma_rs(float (&o)[64], const u32 (&a)[4], u64
     else { WGMMA_RS("f16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
 }
 
-// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even.
-template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^x on the special function unit, flushing denormal results to zero (exp2f adds a range check and two multiplies
-// per call to get those right, which the softmax does not need); ex2.approx.ftz(-inf) = 0.
-DEVICE float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 DEVICE float quad_max(float x) {  // over the 4 threads t = 0..3 that share a row of the accumulator
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -436,11 +347,6 @@ DEVICE float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-
-// Named barriers (id 0 is __syncthreads): bar.sync waits until `count` threads have arrived at or synced on barrier
-// `id`; bar.arrive counts this thread and goes on. Ping-pong scheduling gives each consumer warpgroup one.
-DEVICE void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-DEVICE void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -617,16 +523,16 @@ template <int N> DEVICE void rescale(float (&acc_o)[N], const float (&alpha)[2])
 template <int C> struct Turns {
     int cw;          // this consumer warpgroup, 0 .. C - 1
     DEVICE void start() const {
-        if (PINGPONG && cw == C - 1) named_arrive(1, 2 * WARPGROUP);
+        if (PINGPONG && cw == C - 1) named_barrier_arrive(1, 2 * WARPGROUP);
     }
     DEVICE void begin() const {
-        if (PINGPONG) named_sync(1 + cw, 2 * WARPGROUP);
+        if (PINGPONG) named_barrier_sync(1 + cw, 2 * WARPGROUP);
     }
     DEVICE void end() const {
-        if (PINGPONG) named_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
+        if (PINGPONG) named_barrier_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
     }
     DEVICE void finish() const {
-        if (PINGPONG && cw == 0) named_sync(1, 2 * WARPGROUP);
+        if (PINGPONG && cw == 0) named_barrier_sync(1, 2 * WARPGROUP);
     }
 };
 
@@ -683,8 +589,7 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
             mbar_init(smem_addr(&k_empty[s]), T::CONSUMER_WARPS);
             mbar_init(smem_addr(&v_empty[s]), T::CONSUMER_WARPS);
         }
-        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();  // the initialised barriers, visible to TMA (the async proxy) and to the other threads
     }
     __syncthreads();
 
@@ -746,7 +651,7 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
             issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));
             turns.end();
             wgmma_wait<0>();
-            pin(acc_s);
+            wgmma_pin(acc_s);
             release(k_empty, kpos.s);
             kpos.advance();
         };
@@ -757,7 +662,7 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
             issue_pv<T, BF16>(acc_o, p, sV(vpos.s));
             turns.end();
             wgmma_wait<0>();                               // the tensor cores have finished reading V
-            pin(acc_o);
+            wgmma_pin(acc_o);
             release(v_empty, vpos.s);
             vpos.advance();
         };
@@ -804,13 +709,13 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
                     issue_pv<T, BF16>(acc_o, p, sV(vpos.s));              // O += P_{j-1} V_{j-1}   (commit group 2)
                     turns.end();
                     wgmma_wait<1>();                       // group 1 is done; P V may still be running
-                    pin(acc_s);
+                    wgmma_pin(acc_s);
                     release(k_empty, kpos.s);
                     kpos.advance();
                     online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
                     wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: O and P are free again
-                    pin(acc_o);
-                    pin(p);
+                    wgmma_pin(acc_o);
+                    wgmma_pin(p);
                     release(v_empty, vpos.s);
                     vpos.advance();
                     rescale(acc_o, alpha);

@@ -115,11 +115,10 @@
 //   to stage the next chunk meanwhile); two consumer warpgroups taking turns (ping-pong) so that one's epilogue hides
 //   under the other's wgmmas; thread-block clusters that multicast the shared B tile.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define DEVICE __device__ __forceinline__
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
 
 // ---- tile sizes (the launcher passes them with -D; these defaults are what `nvcc -c` alone sees) ----
 #ifndef BLOCK_M
@@ -180,83 +179,10 @@ static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS 
 static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
               "the consumers cannot take more registers than the producer gives up");
 
-// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
-struct alignas(64) TensorMap {
-    u64 opaque[16];
-};
-
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers (sm_90a). Each is one or two instructions; the comments say what they guarantee.
+// The wgmma of this kernel, and its epilogue (sm_90a)
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// mbarrier: init with an arrival count; arrive; arrive and announce bytes a TMA copy will deliver; wait on a parity.
-DEVICE void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-DEVICE void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-DEVICE void mbar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {  // try_wait suspends the thread for a while inside the instruction, so this loop does not spin hard
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// TMA: copy one box of a 3-D tensor (coordinates innermost first: k, row, batch) into shared memory; the bytes are
-// counted against the mbarrier. The tensor map lives in parameter memory; its generic address is what TMA takes.
-DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-DEVICE void prefetch_tensor_map(const TensorMap& map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
-}
-
-// setmaxnreg: all threads of a warpgroup change their register allocation together.
-template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// Named barrier `id` (1..15; 0 is __syncthreads') for COUNT threads, whole warps: here a warpgroup's own 128, so the
-// rest of the block runs on. Like __syncthreads it also orders the shared-memory accesses of the threads taking part.
-template <int COUNT> DEVICE void named_barrier_sync(int id) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
-}
-
-// wgmma bookkeeping: fence (registers written by ordinary instructions are visible to the next wgmma), commit the
-// wgmmas issued so far as one group, wait until at most N groups are still running.
-DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// Tell the compiler that the accumulators are read and written here, so that it neither moves nor copies them across
-// a wgmma fence or wait (the registers belong to the tensor cores while a wgmma runs).
-DEVICE void pin_accumulators(float (&d)[ACC]) {
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// The shared-memory descriptor of a K-major tile in the 128-byte swizzle (see the header for the fields).
-DEVICE u64 smem_descriptor(u32 addr) {
-    constexpr u64 LEADING_BYTE_OFFSET = 16;             // ignored for this layout
-    constexpr u64 STRIDE_BYTE_OFFSET = SWIZZLE_ATOM;    // 1024 bytes from one 8-row group to the next
-    constexpr u64 SWIZZLE_128B = 1;
-    return static_cast<u64>((addr & 0x3FFFF) >> 4)     // bits  0-13
-           | (LEADING_BYTE_OFFSET >> 4) << 16          // bits 16-29
-           | (STRIDE_BYTE_OFFSET >> 4) << 32           // bits 32-45
-           | SWIZZLE_128B << 62;                       // bits 62-63 (base offset, bits 49-51, stays 0)
-}
 
 // D (64 x 256, float32, 128 registers per thread) = A (64 x 16) B^T (16 x 256) + (accumulate ? D : 0), both operands
 // K-major in shared memory (imm-trans-a = imm-trans-b = 0), scale-a = scale-b = 1.
@@ -288,15 +214,6 @@ DEVICE void wgmma_64x256x16(float (&d)[ACC], u64 desc_a, u64 desc_b, int accumul
     } else {
         WGMMA_64x256x16("f16");
     }
-}
-
-// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even (cvt packs its first
-// source into the upper half).
-template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 // The epilogue (see the header): one consumer warpgroup's 64 x 256 accumulator tile -> C through its staging buffer
@@ -333,7 +250,7 @@ DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, v
 
 #pragma unroll
     for (int chunk = 0; chunk < WGMMA_N / CHUNK_COLS; ++chunk) {
-        named_barrier_sync<WARPGROUP>(barrier);                   // 1. the buffer is free again
+        named_barrier_sync(barrier, WARPGROUP);                   // 1. the buffer is free again
 #pragma unroll
         for (int h = 0; h < 2; ++h) {                             // 2. registers -> buffer
 #pragma unroll
@@ -346,7 +263,7 @@ DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, v
                     *reinterpret_cast<float2*>(p) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
             }
         }
-        named_barrier_sync<WARPGROUP>(barrier);                   // 3. the chunk is complete
+        named_barrier_sync(barrier, WARPGROUP);                   // 3. the chunk is complete
         const int col = col0 + chunk * CHUNK_COLS + v * VEC;      // 4. buffer -> C
         if (col < N) {
             uint4 x[PASSES];                                      // all reads first: their latencies overlap
@@ -401,8 +318,7 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
             mbar_init(smem_addr(&full_bar[s]), 1);
             mbar_init(smem_addr(&empty_bar[s]), CONSUMERS * WARPGROUP / 32);
         }
-        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();  // the initialised barriers, visible to TMA (the async proxy) and to the other threads
     }
     __syncthreads();
 
@@ -442,15 +358,15 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
                 mbar_wait(smem_addr(&full_bar[s]), phase);   // A and B of this k-block are in slot s
                 const u32 a_tile = ring + s * STAGE_BYTES + cw * WGMMA_M * ROW_BYTES;
                 const u32 b_tile = ring + s * STAGE_BYTES + A_TILE_BYTES;
-                pin_accumulators(d);
+                wgmma_pin(d);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk)  // 16 elements = 32 bytes further along each row
-                    wgmma_64x256x16<BF16>(d, smem_descriptor(a_tile + kk * WGMMA_K * ELEM_BYTES),
-                                          smem_descriptor(b_tile + kk * WGMMA_K * ELEM_BYTES), kb > 0 || kk > 0);
+                    wgmma_64x256x16<BF16>(d, kmajor_descriptor(a_tile + kk * WGMMA_K * ELEM_BYTES),
+                                          kmajor_descriptor(b_tile + kk * WGMMA_K * ELEM_BYTES), kb > 0 || kk > 0);
                 wgmma_commit();
                 wgmma_wait<0>();                             // the tensor cores have finished reading slot s
-                pin_accumulators(d);
+                wgmma_pin(d);
                 if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s]));
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
