@@ -753,32 +753,22 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: float16 or bfloat16, D = 64 or 128
+// Entry points: float16 or bfloat16, D = 64 or 128, all with the signature of the header's "Kernels"
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
-hopper_attn_f16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                    const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                    int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<64, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
-}
+#define HOPPER_ATTN_PARAMS                                                                                          \
+    const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
+    const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2, int causal
+#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal
 
-extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
-hopper_attn_f16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<128, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_f16_d64(HOPPER_ATTN_PARAMS) {
+    attention_forward<64, false>(HOPPER_ATTN_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
-hopper_attn_bf16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<64, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_f16_d128(HOPPER_ATTN_PARAMS) {
+    attention_forward<128, false>(HOPPER_ATTN_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
-hopper_attn_bf16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                      const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                      int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<128, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_bf16_d64(HOPPER_ATTN_PARAMS) {
+    attention_forward<64, true>(HOPPER_ATTN_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_bf16_d128(HOPPER_ATTN_PARAMS) {
+    attention_forward<128, true>(HOPPER_ATTN_ARGS);
 }

@@ -104,7 +104,7 @@ constexpr int A_TILE_BYTES = BLOCK_M * ROW_BYTES;
 constexpr int B_TILE_BYTES = BLOCK_N * ROW_BYTES;
 constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;    // bytes TMA delivers per k-block (full boxes, OOB too)
 constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // tiles start on a swizzle-atom boundary (1024 bytes)
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (kernels/hopper/hopper_gemm.py)
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (hopper_gemm.py)
 constexpr int EPI_ROW_BYTES = 256;                          // epilogue chunk row: 64 float32 or 128 16-bit columns
 constexpr int EPI_BYTES = WGMMA_M * EPI_ROW_BYTES;          // a consumer warpgroup's staging buffer: 64 rows, 16 KB
 constexpr int EPI_ALIGN = 128;                              // the staging buffers' alignment (16 for the vectors)
@@ -349,28 +349,22 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: C = A B^T with float16 or bfloat16 A, B and a float32 or 16-bit C
+// Entry points: C = A B^T with float16 or bfloat16 A, B and a float32 or 16-bit C (OUT: float or u16)
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_f16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
-                    int M, int N, int K, int batch) {
-    gemm_abt<false, false>(map_a, map_b, c, M, N, K, batch);
-}
+#define HOPPER_GEMM_PARAMS(OUT)                                                                \
+    const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, OUT* c, \
+    int M, int N, int K, int batch
+#define HOPPER_GEMM_ARGS map_a, map_b, c, M, N, K, batch
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_bf16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
-                     int M, int N, int K, int batch) {
-    gemm_abt<true, false>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_f16_f32(HOPPER_GEMM_PARAMS(float)) {
+    gemm_abt<false, false>(HOPPER_GEMM_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_f16_f16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
-                    int M, int N, int K, int batch) {
-    gemm_abt<false, true>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_bf16_f32(HOPPER_GEMM_PARAMS(float)) {
+    gemm_abt<true, false>(HOPPER_GEMM_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_bf16_bf16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
-                      int M, int N, int K, int batch) {
-    gemm_abt<true, true>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_f16_f16(HOPPER_GEMM_PARAMS(u16)) {
+    gemm_abt<false, true>(HOPPER_GEMM_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_bf16_bf16(HOPPER_GEMM_PARAMS(u16)) {
+    gemm_abt<true, true>(HOPPER_GEMM_ARGS);
 }
