@@ -686,7 +686,7 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
         float row_sum[2] = {0.0f, 0.0f};               // l, this thread's partial sum (reduced at the end)
         float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
         u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
-        float alpha[2];
+        float alpha[2];                                // (declared here, not in attend_*: the same register use)
         if (n_tiles > 0) {
             mbar_wait(smem_addr(sm.q_full), q_phase);
             q_phase ^= 1;
@@ -736,6 +736,8 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
     __syncthreads();
 
     // ---- warp specialisation: warpgroup 0 loads, the others compute ---------------------------------------------
+    // (each side builds its own Smem and Work views: built once before the branch, they change the registers the
+    // compiler assigns, kernels/hopper/README.md)
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
