@@ -201,8 +201,8 @@ def test_compile_error_carries_the_log():
 def test_nvcc_builds_sm90a_without_spills(tmp_path):
     """The file alone, as a reader would build it: nvcc -gencode=arch=compute_90a,code=sm_90a (ptxas's own report)."""
     cu = core.kernel_path(H.KERNEL_FILE)
-    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--resource-usage",
-           "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
+    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
+           "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma

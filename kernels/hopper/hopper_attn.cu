@@ -1,35 +1,12 @@
 // hopper_attn.cu -- FlashAttention-3-style attention forward on Hopper: TMA loads, wgmma from shared memory for
 // S = Q K^T, wgmma with P in registers for O += P V (fp16/bf16 in, float32 accumulation, float32 LSE).
 //
-// Checked on an H100 against the float64 reference (tests/test_attention_gpu.py and test_hopper_attn_gpu.py; the
-// variant hopper_fa3, in kernels.STAGING) and clean under compute-sanitizer's memcheck, racecheck and synccheck;
-// tests/test_hopper_attn_compile.py checks its SASS.
-//
 // What it computes
 //   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)
 //   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64 or 128, float16 or bfloat16.
 //   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
-//   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu.
-//
-// Where it sits in the course
-//   flash2_mma.cu    FlashAttention-2 on mma.sync: every warp loads its own operands (cp.async, ldmatrix) and
-//                    multiplies 16 x 8 x 16 pieces; loads and math are issued by the same warps.
-//   hopper_gemm.cu   Hopper's engines on a plain GEMM: TMA fills a ring of shared-memory slots, a producer warp only
-//                    loads, consumer warpgroups only multiply, wgmma reads both operands from shared memory.
-//   this file        the attention loop on those engines, as FlashAttention-3 does it: per K/V tile, S = Q K^T by wgmma
-//                    (both operands in shared memory), the online softmax on S's accumulator registers, then
-//                    O += P V by wgmma with P taken straight from registers (the "register-A" form), V from shared
-//                    memory read in its natural (keys, d) layout through an MN-major ("transposed B") descriptor.
-//                    Two schedules keep the tensor cores busy while the softmax runs (next section); K and V have
-//                    rings and barriers of their own; with no causal mask the CTAs are persistent.
-//   not here         what FlashAttention-3 also has: a TMA store of O, a dynamic tile scheduler (so that causal
-//                    launches can be persistent too), and FP8.
-//
-// Tiles (Shape<D>, from -D BLOCK_M_D64 ... STAGES_D128; kernels/hopper/hopper_attn.py picks them per D and mask)
-//   A CTA computes one work tile at a time: BLOCK_M query rows (64 per consumer warpgroup) of one (batch, head),
-//   against K/V tiles of BLOCK_N keys. D = 64: 192 x 128 (three consumer warpgroups: with O only 32 registers a
-//   thread, a CTA has room for a third, and each K/V byte loaded serves 192 rows instead of 128). D = 128: 128 x 176
-//   (fewer, longer K/V tiles: less per-tile overhead for the same products), 128 x 128 under the causal mask.
+//   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu; the engines of hopper_gemm.cu (TMA rings, a producer
+//   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own.
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
 // c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent")
@@ -38,155 +15,72 @@
 //   for each work tile of this CTA:                 for each work tile of this CTA:
 //     wait  q_empty;  TMA Q tile -> sQ  (q_full)      wait q_full
 //     K_0, then for j = 1 .. n_tiles:                 for j in 0 .. n_tiles-1:
-//       K_j (if j < n_tiles), V_{j-1}, each:            wait k_full[s]
-//         wait  k_empty[s] / v_empty[s]                 S = Q K_j^T      D/16 wgmma m64nNk16 (N = BLOCK_N), SS form
-//         expect k_full[s] / v_full[s] += tile bytes    arrive k_empty[s]
-//         TMA  K_j -> sK[s] / V_j -> sV[s]              scale, mask, online softmax on S (exp2), O *= alpha
-//                                                       P = 16-bit(S) in registers
-//                                                       wait v_full[s]
-//                                                       O += P V_j       BLOCK_N/16 wgmma m64nDk16, RS form
-//                                                       arrive v_empty[s]
+//       K_j (if j < n_tiles), V_{j-1}, each:            1. wait k_full[s]; S = Q K_j^T (D/16 wgmma m64nNk16, SS form);
+//         wait  k_empty[s] / v_empty[s]                    arrive k_empty[s]
+//         expect k_full[s] / v_full[s] += tile bytes    2. scale, mask, online softmax on S (exp2), O *= alpha,
+//         TMA  K_j -> sK[s] / V_j -> sV[s]                 P = 16-bit(S) in registers
+//                                                       3. wait v_full[s]; O += P V_j (BLOCK_N/16 wgmma m64nDk16,
+//                                                          RS form: P from registers); arrive v_empty[s]
 //                                                     arrive q_empty (after the tile's last S)
-//                                                     o = O / l, lse = (m + log2 l) ln 2  -> global (rows < Tq)
+//                                                     4. o = O / l, lse = (m + log2 l) ln 2 -> global (rows < Tq)
 //
-//   K_j goes ahead of V_{j-1} because the pipelined loop below needs them in that order. While the consumers write
-//   one tile's O, the producer already loads the next tile's Q, K and V (persistent launches).
-//
-//   That consumer loop is the plain schedule (OVERLAP = 0): every step waits for the one before, so while a warpgroup
-//   computes its softmax (exp2 on the special function unit, 64 BLOCK_N per K/V tile) its tensor-core work is done. Two
-//   schedules, both on by default, fill that gap (kernels/hopper/hopper_attn.py can build the kernel without either, to
-//   measure them; the results agree to rounding):
-//
-//   OVERLAP = 1, software pipelining inside a warpgroup. S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together
-//     as two commit groups; wgmma.wait_group 1 returns when the first is done, and the softmax of S_j runs while the
-//     second is still on the tensor cores:
-//         S_0 = Q K_0^T; wait; softmax(S_0) -> P_0
-//         for j = 1 .. n_tiles - 1:
-//             issue S_j = Q K_j^T;  issue O += P_{j-1} V_{j-1}
-//             wait_group 1 (S_j ready);  softmax(S_j)          <- under the P V products
-//             wait_group 0;  release V_{j-1}'s slot;  O *= alpha_j;  P_j = 16-bit(p_j)
-//         O += P_{n-1} V_{n-1}; wait; release the last V slot
-//     P_{j-1} V_{j-1} lands in O before it is scaled by alpha_j = exp2(m_{j-1} - m_j), which is right: both P_{j-1}
-//     and the old O are relative to m_{j-1}. K_j's slot is released as soon as S_j is done and V_{j-1}'s once its
-//     product is, so with separate K and V rings two slots each are enough: the load into a slot is issued about an
-//     iteration before the tile is needed.
-//   PINGPONG = 1, the consumer warpgroups take turns, round robin, at issuing their wgmmas (a named barrier each, see
-//     Turns), so one warpgroup's products run while the others compute their softmax instead of all competing for
-//     the tensor cores at the same moments.
-//
-//   n_tiles = ceil(n_end / BLOCK_N) with n_end = Tk, or under the causal mask the first key that no row of the CTA
-//   sees: min(Tk, last_row + Tk - Tq + 1), last_row = min(m0 + BLOCK_M, Tq) - 1. Tiles wholly above the diagonal are
-//   never loaded. The producer and the consumers compute n_tiles with the same function (kv_tiles below), so they
-//   agree on how many times the rings turn. n_tiles = 0 (every row of the work tile sees no key: Tq > Tk under the
-//   causal mask) skips the Q load too; the consumers then write o = 0 and lse = -inf without waiting on anything.
+//   That is the plain loop (OVERLAP = 0): while a warpgroup computes its softmax, its tensor-core work is done. Two
+//   schedules, both on by default (kernels/hopper/hopper_attn.py builds the kernel without either to measure them;
+//   the results agree to rounding), fill that gap:
+//   OVERLAP = 1, software pipelining inside a warpgroup: S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together
+//     as two commit groups; wgmma.wait_group 1 returns when S_j is done, and its softmax runs while P V is still on
+//     the tensor cores (attend_pipelined below). That is why the producer loads K_j before V_{j-1}.
+//   PINGPONG = 1: the consumer warpgroups take turns, round robin, at issuing their wgmmas (a named barrier each,
+//     Turns below), so one warpgroup's products run while the others compute their softmax.
+//   n_tiles = ceil(n_end / BLOCK_N), n_end = Tk or, under the causal mask, the first key no row of the CTA sees
+//   (kv_tiles, which producer and consumers share). Tiles wholly above the diagonal are never loaded; n_tiles = 0
+//   (Tq > Tk, causal) skips Q too, and the consumers write o = 0, lse = -inf. mbarriers (as in hopper_gemm.cu): the
+//   *_full ones expect 1 arrival + the tile's bytes, the *_empty ones one arrival per consumer warp; each side keeps a
+//   (slot, phase) per ring, running on from one work tile to the next.
 //
 // Shared memory (dynamic, aligned up to 1024 bytes)
-//   [sQ: BLOCK_M x D][slot 0: sK BLOCK_N x D, sV BLOCK_N x D][slot 1 ...] ... STAGES slots, 16-bit elements.
-//   Every tile is stored in the 128-byte swizzle (TMA's CU_TENSOR_MAP_SWIZZLE_128B, wgmma's swizzle mode 1): a row of
-//   64 elements (128 bytes) is eight 16-byte chunks, chunk c of row r stored at position c ^ (r % 8); see
-//   hopper_gemm.cu for the picture. A 128-byte swizzle row holds at most 64 16-bit elements, so a D = 128 tile is
-//   stored as two column halves, each its own R x 64 swizzled block (R rows x 128 bytes), half h at h * R * 128 bytes;
-//   one TMA box (64 columns x R rows) fills one half. D = 64 has one half.
+//   [sQ: BLOCK_M x D][slot 0: sK BLOCK_N x D, sV BLOCK_N x D][slot 1 ...] ... STAGES slots, 16-bit elements, every
+//   tile in the 128-byte swizzle of hopper_gemm.cu (chunk c of row r at c ^ (r % 8)). A swizzled row holds 64 16-bit
+//   elements, so a D = 128 tile is two column halves, each its own R x 64 block, half h at h * R * 128 bytes; one TMA
+//   box (64 columns x R rows) fills one half:
 //
 //       sK (D = 128, BLOCK_N = 176):   [ keys 0..175, d 0..63   : 22 KB ][ keys 0..175, d 64..127 : 22 KB ]
 //
-// S = Q K^T: both operands K-major (d contiguous), as in hopper_gemm.cu (imm-trans-a = imm-trans-b = 0)
-//   k-step kk (d elements 16 kk .. 16 kk + 15) lies in half kk / 4 at byte 32 (kk % 4) of each row, so the start
-//   address of both descriptors is  tile + (kk / 4) * rows * 128 + (kk % 4) * 32;  stride byte offset 1024 (from one
-//   8-row group to the next), leading byte offset unused (the 16-element k extent lies inside one 128-byte row).
-//   Consumer cw's 64 rows of sQ start 64 cw rows = 8 KB further in each half.
-//
-// O += P V: V is (keys, d) with d contiguous; in O = P V the reduction (K) axis is the key and N is d, so V is a
-//   B operand whose N axis is contiguous: "N-major" (= MN-major, the transposed B of the PTX ISA), imm-trans-b = 1.
-//   The canonical MN-major 128-byte-swizzle layout (PTX ISA "Shared Memory Matrix Layout";
-//   CUTLASS writes it ((8 x 8, n), (8, k)) : ((1 x 8, LBO), (64, SBO)) in elements) is:
-//     - along N: 64 contiguous elements = one 128-byte swizzled row; the next 64 N-elements lie LBO bytes further
-//     - along K: 8 rows of 128 bytes form one 1024-byte swizzle atom; the next 8 K-rows lie SBO bytes further
-//   Our sV half-blocks are exactly that: one key per 128-byte row, keys r and r + 8 1024 bytes apart (SBO = 1024),
-//   d columns 64..127 in the second half, BLOCK_N * 128 bytes further (LBO = 22528 for 176 keys; unused when D = 64,
-//   where one 64-element row covers all of N). k-step kk (keys 16 kk .. 16 kk + 15) starts at row 16 kk:
-//   sV + kk * 2048, a multiple of 1024, so the descriptor's base offset stays 0. Note that the meaning of the two
-//   offset fields swaps compared with the K-major case: there SBO walks the M/N axis and LBO is unused.
-//
-// The register-A operand of wgmma
-//   For m64nNk16 with 16-bit A in registers, each thread holds four 32-bit registers a0..a3 of the 64 x 16 A tile:
-//   warp w of the warpgroup owns rows 16 w .. 16 w + 15, lane = 4 g + t:
-//     a0 = A[16 w + g][2 t, 2 t + 1]      a1 = A[16 w + g + 8][2 t, 2 t + 1]
-//     a2 = A[16 w + g][2 t + 8, + 9]      a3 = A[16 w + g + 8][2 t + 8, + 9]       (low half = the lower column)
-//   (the mma.sync m16n8k16 A fragment, one per warp). The float32 accumulator of S = Q K^T (m64nN) gives thread
-//   (w, g, t) the values
-//     s[4 i + 0, 1] = S[16 w + g][8 i + 2 t, + 1]      s[4 i + 2, 3] = S[16 w + g + 8][8 i + 2 t, + 1]
-//   so for k-step kk of P V (keys 16 kk .. 16 kk + 15 = column groups i = 2 kk and 2 kk + 1):
-//     a0 = pack(s[8 kk + 0], s[8 kk + 1])   a1 = pack(s[8 kk + 2], s[8 kk + 3])
-//     a2 = pack(s[8 kk + 4], s[8 kk + 5])   a3 = pack(s[8 kk + 6], s[8 kk + 7])
-//   i.e. register j of k-step kk is pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]): P needs no shuffle at all, only a
-//   conversion to 16 bits in place. (This identity is why FlashAttention-3 keeps P in registers.)
-//
-// Online softmax (per row, in log2 units: x = scale * log2(e) * s, computed in registers on S's fragments)
-//   m' = max(m, max_j x_j);  alpha = exp2(m - m');  p_j = exp2(x_j - m');  l' = alpha l + sum_j p_j;  O' = alpha O
-//   A thread holds BLOCK_N / 4 of a row's scores per tile; the row max is completed across the four threads t = 0..3
-//   of a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
-//   alpha) and is reduced across the quad once, at the end. While a row has seen no visible key, m = -inf and the
-//   exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0 and O stays 0.
-//   Masked scores (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or,
-//   under the causal mask, the diagonal of this warpgroup's rows are masked.
-//   Two savings in instructions per score, which the measurements point to as the softmax's limit on the H100 (more
-//   than the special function unit's 16 exp2 per cycle per SM; see "Tried and dropped"), both as in flash2_mma.cu:
-//   - The scale is folded into the exponent. In a tile without a mask the scores stay raw: the row maximum is taken
-//     over raw s and scaled once (the minimum when scale < 0), and x_j - m' is one FFMA, s_j * scale log2(e) - m'.
-//     Per score that leaves FMNMX, FFMA, MUFU.EX2, FADD (for l) and half an F2FP (to 16 bits).
-//   - Lazy rescaling (LAZY_RESCALE = 1): m is kept unless a tile's maximum exceeds it by more than RESCALE_SLACK = 8
-//     (log2 units). Then alpha = 1 and O needs no rescale; a warp skips O *= alpha (D / 2 FMULs per thread) when
-//     every alpha of its rows is 1, which after the first few tiles is nearly always. Nothing is lost: p <= 2^8 is
-//     rounded to float16 or bfloat16 with the same relative precision as p <= 1 (only the exponent is larger), O and
-//     l are float32, and o = O / l and lse = m + log2 l use the same m.
-//   Tried and dropped: computing a share of the exponentials on the FMA units by a polynomial, to unload the special
-//   function unit (what FlashAttention-4 does on Blackwell). On the H100 it made every configuration slower (d = 64,
-//   T = 4096: 482 TFLOP/s with every exp2 on MUFU, 462 with 1/8 of them polynomial, 444 with 1/4): each polynomial
-//   exp2 costs about ten issued instructions instead of one.
-
-// mbarriers and their phases (as in hopper_gemm.cu)
-//   q_full: 1 arrival (the producer's arrive.expect_tx of Q_BYTES) + Q_BYTES of TMA, once per work tile that loads Q.
-//   q_empty: one arrival per consumer warp, once per such work tile, after its last S = Q K^T: the next Q may land.
-//   k_full[s], v_full[s]: 1 arrival + KV_TILE_BYTES of TMA; consumers wait parity `phase`.
-//   k_empty[s], v_empty[s]: one arrival per consumer warp (8 or 12); the producer waits parity `phase ^ 1` (a fresh
-//   barrier reports the phase before its first as complete, so the first pass through a ring does not wait).
-//   Each side keeps a position (slot, phase) per ring and flips `phase` whenever the slot wraps to 0; the positions
-//   run on from one work tile to the next. TMA counts the whole box, including the parts past Tq / Tk that it fills
-//   with zeros.
+//   Tiles (Shape<D>, -D BLOCK_M_D64 ... STAGES_D128, chosen by the launcher per D and mask): D = 64: 192 x 128, 4 slots
+//   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask.
 //
 // Launch configuration
-//   grid  = (G): G = m_count * heads (one CTA per work tile; the GPU starts the next CTA as an SM frees up), or the
-//           number of SMs (persistent: the launcher's choice without the causal mask, where all work tiles cost the
-//           same; under the mask a fixed round robin would give some SMs only the long tiles).
-//   block = 128 (1 + C) threads: warpgroup 0 the producer (one thread issues TMA, the rest idle), then C = 2 or 3
-//           consumer warpgroups.
-//   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64
-//           (192 x 128, 4 slots), 214016 at D = 128 (128 x 176, 2 slots), 164864 under the causal mask (128 x 128,
-//           2 slots); the barriers are static. SMEM_BYTES below; kernels/hopper/hopper_attn.py mirrors it (a test ties them).
-//   registers: __launch_bounds__(THREADS, 1) gives 168 per thread for 384 threads, 128 for 512; setmaxnreg moves them
-//           from the producer warpgroup (down to 24 or 32) to the consumers (up to 240 or 160), which hold S
-//           (BLOCK_N / 2 float32), O (D / 2 float32) and P (BLOCK_N / 4 x 32-bit).
-//   Three CUtensorMaps (Q, K, V: (D, T, B*H) 16-bit tensors read in boxes of 64 columns x BLOCK_M (Q) or BLOCK_N
-//   (K, V) rows with the 128-byte swizzle, built on the host by cuTensorMapEncodeTiled) are `const __grid_constant__`
-//   parameters.
+//   grid  = m_count * heads (m_count = ceil(Tq / BLOCK_M), heads = B H), or the number of SMs (persistent: the
+//           launcher's choice without the causal mask, where all work tiles cost the same)
+//   block = 128 (1 + C) threads, C = BLOCK_M / 64 = 2 or 3 consumer warpgroups after the producer warpgroup
+//   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64,
+//           214016 at D = 128, 164864 under the causal mask (SMEM_BYTES; the launcher mirrors it); barriers static
+//   registers: __launch_bounds__(THREADS, 1) gives 168 a thread for 384 threads, 128 for 512; setmaxnreg moves them
+//           from the producer (to 24 or 32) to the consumers (240 or 160): S, O and P live in registers.
 //
-// Limits (checked by kernels/hopper/hopper_attn.py before launch)
-//   Hopper only: built for sm_90a; any other target (the course's compile test for sm_80..sm_90, `nvcc -c` alone)
-//   leaves the Hopper code out and the entry points are stubs that trap. D in {64, 128}; q, k, v C-contiguous and
-//   16-byte aligned (TMA); any Tq, Tk >= 1 (TMA zero-fills the rows of a box past the end, stores are guarded);
-//   m_count * heads work tiles below 2^30 (their indices, plus gridDim.x, stay 32-bit).
+// Kernels (extern "C"): hopper_attn_f16_d64, hopper_attn_f16_d128, hopper_attn_bf16_d64, hopper_attn_bf16_d128
+//   (const __grid_constant__ TensorMap map_q, map_k, map_v, u16* o, float* lse, int Tq, int Tk, int heads,
+//    float scale_log2, int causal)
+//   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) 16-bit tensors (innermost first), boxes of 64 columns
+//   x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D), the inputs' type. lse: (B, H,
+//   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1.
 //
-// Numerics
-//   16-bit products, float32 sums (wgmma accumulators), softmax in float32 with ex2.approx.ftz; P (at most 2^8 with
-//   lazy rescaling) rounded to the inputs' 16-bit type (round to nearest) before P V, l summed from the unrounded p,
-//   o rounded once at the end.
+// Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
+// kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/hopper/hopper_attn.cu -o hopper_attn.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_90a (extern "C" kernels: no name expressions)
+//
+// Limits (checked by kernels/hopper/hopper_attn.py): D in {64, 128}; q, k, v C-contiguous and 16-byte aligned; any
+// Tq, Tk >= 1 (TMA zero-fills rows past the end, stores are guarded); m_count * heads < 2^30 work tiles.
+// Numerics: 16-bit products, float32 sums; softmax in float32 with ex2.approx.ftz; P (at most 2^8 with lazy
+// rescaling) rounded to the inputs' type before P V, l summed from the unrounded p, o rounded once at the end.
+// What was tried and measured: kernels/hopper/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define DEVICE __device__ __forceinline__
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
 
 // ---- tile sizes per head dimension (the launcher passes them with -D; these defaults are what `nvcc -c` sees) ----
 #ifndef BLOCK_M_D64
@@ -214,7 +108,7 @@ typedef unsigned long long u64;
 #define PINGPONG 1     // 1: the consumer warpgroups take turns at the tensor cores (named barriers)
 #endif
 #ifndef LAZY_RESCALE
-#define LAZY_RESCALE 1 // 1: keep the running max unless a tile exceeds it by more than RESCALE_SLACK (see the header)
+#define LAZY_RESCALE 1 // 1: keep the running max unless a tile exceeds it by more than RESCALE_SLACK (online_softmax)
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
@@ -231,6 +125,7 @@ constexpr int REGISTER_FILE = 65536;                        // 32-bit registers 
 // warpgroups and how setmaxnreg shares the register file among them.
 template <int D> struct Shape {
     static_assert(D == 64 || D == 128, "head dimension 64 or 128");
+    static constexpr int HEAD_DIM = D;
     static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : BLOCK_M_D128;
     static constexpr int BLOCK_N = D == 64 ? BLOCK_N_D64 : BLOCK_N_D128;
     static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
@@ -265,91 +160,28 @@ template <int D> struct Shape {
     static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_TILE_BYTES % SMEM_ALIGN == 0, "tiles start on 1024-byte bounds");
 };
 
-// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
-struct alignas(64) TensorMap {
-    u64 opaque[16];
-};
-
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers (sm_90a)
+// Constants, descriptors and the wgmma instructions of this kernel (sm_90a)
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr float LN2 = 0.6931471805599453f;
-constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 = 256 (see the header)
+constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 = 256 (see online_softmax)
 #define NEG_INF __int_as_float(0xff800000)                  // -inf (NVRTC has no math.h for INFINITY)
 
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// mbarrier: init with an arrival count; arrive; arrive and announce the bytes TMA will deliver; wait on a parity.
-DEVICE void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-DEVICE void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-DEVICE void mbar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {  // try_wait suspends the thread for a while inside the instruction; the loop does not spin hard
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// TMA: one box of a 3-D tensor (coordinates innermost first: column, row, batch*head) into shared memory, its bytes
-// counted against the mbarrier `bar`. The tensor map lives in parameter memory; TMA takes its generic address.
-DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-DEVICE void prefetch_tensor_map(const TensorMap& map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
-}
-
-// setmaxnreg: all threads of a warpgroup change their register allocation together.
-template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// wgmma bookkeeping: fence (register writes of ordinary instructions, to accumulators or to a register A operand,
-// are visible to the next wgmma), commit the wgmmas issued so far as one group, wait until at most N groups run.
-DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// The compiler must neither move nor copy registers that a running wgmma owns (accumulators, a register A operand)
-// across a fence or wait: an empty asm that "reads and writes" them pins them in place.
-template <int N> DEVICE void pin(float (&x)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
-}
-template <int N> DEVICE void pin(u32 (&x)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i])::"memory");
-}
-
-// Shared-memory matrix descriptors (64 bits; PTX ISA "Matrix Descriptor Format"; the fields are described in
-// hopper_gemm.cu): start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29, stride byte offset >> 4 in
-// 32-45, base offset 0 in 49-51 (every tile starts on a 1024-byte boundary), swizzle mode 1 = 128 bytes in 62-63.
-DEVICE u64 make_descriptor(u32 addr, u32 leading_bytes, u32 stride_bytes) {
-    constexpr u64 SWIZZLE_128B = 1;
-    return static_cast<u64>((addr & 0x3FFFF) >> 4)
-           | static_cast<u64>((leading_bytes & 0x3FFFF) >> 4) << 16
-           | static_cast<u64>((stride_bytes & 0x3FFFF) >> 4) << 32
-           | SWIZZLE_128B << 62;
-}
-// K-major (Q and K for S = Q K^T): the next 8 rows are one swizzle atom further; the leading offset is unused (1).
-DEVICE u64 kmajor_descriptor(u32 addr) { return make_descriptor(addr, 16, SWIZZLE_ATOM); }
-// MN-major (V for O = P V, with imm-trans-b = 1): the next 64 d-columns are a whole half-block further
-// (LBO = BLOCK_N * 128 bytes), the next 8 keys one swizzle atom further (SBO = 1024). See the header.
+// O += P V: V is (keys, d) with d contiguous; in O = P V the reduction (K) axis is the key and N is d, so V is a
+// B operand whose N axis is contiguous: "N-major" (= MN-major, the transposed B of the PTX ISA), imm-trans-b = 1.
+// The canonical MN-major 128-byte-swizzle layout (PTX ISA "Shared Memory Matrix Layout"; CUTLASS writes it
+// ((8 x 8, n), (8, k)) : ((1 x 8, LBO), (64, SBO)) in elements) is:
+//   - along N: 64 contiguous elements = one 128-byte swizzled row; the next 64 N-elements lie LBO bytes further
+//   - along K: 8 rows of 128 bytes form one 1024-byte swizzle atom; the next 8 K-rows lie SBO bytes further
+// Our sV half-blocks are exactly that: one key per 128-byte row, keys r and r + 8 1024 bytes apart (SBO = 1024),
+// d columns 64..127 in the second half, BLOCK_N * 128 bytes further (LBO = 22528 for 176 keys; unused when D = 64,
+// where one 64-element row covers all of N). k-step kk (keys 16 kk .. 16 kk + 15) starts at row 16 kk:
+// sV + kk * 2048, a multiple of 1024, so the descriptor's base offset stays 0. The two offset fields swap meaning
+// compared with the K-major case (kmajor_descriptor), where SBO walks the M/N axis and LBO is unused.
 template <int BLOCK_N> DEVICE u64 mnmajor_descriptor(u32 addr) {
-    return make_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
+    return smem_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
 }
 
 // ---- the wgmma instructions: accumulator lists written out (PTX wants each register named) ----
@@ -412,22 +244,6 @@ template <bool BF16> DEVICE void wgmma_rs(float (&o)[64], const u32 (&a)[4], u64
     else { WGMMA_RS("f16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
 }
 
-// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even.
-template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^x on the special function unit, flushing denormal results to zero (exp2f adds a range check and two multiplies
-// per call to get those right, which the softmax does not need); ex2.approx.ftz(-inf) = 0.
-DEVICE float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 DEVICE float quad_max(float x) {  // over the 4 threads t = 0..3 that share a row of the accumulator
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -436,11 +252,6 @@ DEVICE float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-
-// Named barriers (id 0 is __syncthreads): bar.sync waits until `count` threads have arrived at or synced on barrier
-// `id`; bar.arrive counts this thread and goes on. Ping-pong scheduling gives each consumer warpgroup one.
-DEVICE void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-DEVICE void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -460,8 +271,10 @@ template <int BLOCK_M, int BLOCK_N> DEVICE int kv_tiles(int m0, int Tq, int Tk, 
 // The consumer's steps, each on one warpgroup's 64 query rows (T = Shape<D>)
 // ---------------------------------------------------------------------------------------------
 
-// Issue S = Q K^T (D / 16 wgmmas, both operands K-major in shared memory) as one commit group, without waiting.
-// The first k-step overwrites S (accumulate = 0), so S needs no clearing.
+// Issue S = Q K^T (D / 16 wgmmas, both operands K-major in shared memory, as in hopper_gemm.cu) as one commit group,
+// without waiting. k-step kk (d elements 16 kk .. 16 kk + 15) lies in half kk / 4 at byte 32 (kk % 4) of each row, so
+// both descriptors start at tile + (kk / 4) * rows * 128 + (kk % 4) * 32 (the consumer's 64 rows of sQ start 64 cw
+// rows = 8 KB further in each half). The first k-step overwrites S (accumulate = 0), so S needs no clearing.
 template <class T, bool BF16> DEVICE void issue_qk(float (&acc_s)[T::S_ACC], u32 sQ_wg, u32 sK) {
     wgmma_fence();
 #pragma unroll
@@ -546,11 +359,25 @@ DEVICE void exponentiate(float (&acc_s)[N], float (&row_sum)[2], const float (&r
     }
 }
 
-// One tile of the online softmax, in place (see the header): S (float32 scores of keys n0 .. n0 + BLOCK_N - 1)
-// becomes p = exp2(x - m) with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial
-// row_sum (l) are brought up to date; alpha = exp2(m_old - m) is returned for O, which the caller rescales. With
-// LAZY_RESCALE, m stays where it is unless the tile's maximum exceeds it by more than RESCALE_SLACK (while it stays,
-// p <= 2^8 and alpha = 1: nothing to rescale).
+// One tile of the online softmax, in place: S (float32 scores of keys n0 .. n0 + BLOCK_N - 1) becomes p = exp2(x - m)
+// with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial row_sum (l) are brought up
+// to date; alpha = exp2(m_old - m) is returned for O, which the caller rescales. Per row, in log2 units:
+//   m' = max(m, max_j x_j);  alpha = exp2(m - m');  p_j = exp2(x_j - m');  l' = alpha l + sum_j p_j;  O' = alpha O
+// A thread holds BLOCK_N / 4 of a row's scores per tile; the row max is completed across the four threads t = 0..3
+// of a quad with two shuffles. l stays a per-thread partial sum (every thread of the quad scales it by the same
+// alpha) and is reduced across the quad once, at the end. While a row has seen no visible key, m = -inf and the
+// exponentials are taken against 0 instead, so that no -inf - -inf = NaN appears: p = 0 and O stays 0. Masked scores
+// (key >= Tk, or above the causal diagonal) are set to -inf; only tiles that touch the Tk edge or, under the causal
+// mask, the diagonal of this warpgroup's rows are masked. Two savings in instructions per score (the softmax's limit
+// on the H100), both as in flash2_mma.cu:
+// - The scale is folded into the exponent. In a tile without a mask the scores stay raw: the row maximum is taken
+//   over raw s and scaled once (the minimum when scale < 0), and x_j - m' is one FFMA, s_j * scale log2(e) - m'.
+//   Per score that leaves FMNMX, FFMA, MUFU.EX2, FADD (for l) and half an F2FP (to 16 bits).
+// - Lazy rescaling (LAZY_RESCALE = 1): m is kept unless a tile's maximum exceeds it by more than RESCALE_SLACK = 8
+//   (log2 units). Then alpha = 1 and O needs no rescale; a warp skips O *= alpha (D / 2 FMULs per thread) when
+//   every alpha of its rows is 1, which after the first few tiles is nearly always. Nothing is lost: p <= 2^8 is
+//   rounded to float16 or bfloat16 with the same relative precision as p <= 1 (only the exponent is larger), O and
+//   l are float32, and o = O / l and lse = m + log2 l use the same m.
 template <int N>
 DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
                            const RowInfo& r, int n0) {
@@ -585,8 +412,17 @@ DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_s
     exponentiate(acc_s, row_sum, ref, mask ? 1.0f : r.scale_log2);
 }
 
-// p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V: register 2 i + h
-// holds the columns 8 i + 2 t, + 1 of row h, i.e. register j of k-step kk is pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]).
+// p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V.
+// For m64nNk16 with 16-bit A in registers, each thread holds four 32-bit registers a0..a3 of the 64 x 16 A tile:
+// warp w of the warpgroup owns rows 16 w .. 16 w + 15, lane = 4 g + t:
+//   a0 = A[16 w + g][2 t, 2 t + 1]      a1 = A[16 w + g + 8][2 t, 2 t + 1]
+//   a2 = A[16 w + g][2 t + 8, + 9]      a3 = A[16 w + g + 8][2 t + 8, + 9]       (low half = the lower column)
+// (the mma.sync m16n8k16 A fragment, one per warp). The float32 accumulator of S = Q K^T (m64nN) gives thread
+// (w, g, t) the values
+//   s[4 i + 0, 1] = S[16 w + g][8 i + 2 t, + 1]      s[4 i + 2, 3] = S[16 w + g + 8][8 i + 2 t, + 1]
+// so for k-step kk of P V (keys 16 kk .. 16 kk + 15 = column groups i = 2 kk and 2 kk + 1), register j is
+// pack(s[8 kk + 2 j], s[8 kk + 2 j + 1]): P needs no shuffle at all, only a conversion to 16 bits in place. (This
+// identity is why FlashAttention-3 keeps P in registers.)
 template <bool BF16, int N> DEVICE void to_p(const float (&acc_s)[N], u32 (&p)[N / 2]) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) p[i] = pack2<BF16>(acc_s[2 * i], acc_s[2 * i + 1]);
@@ -617,16 +453,16 @@ template <int N> DEVICE void rescale(float (&acc_o)[N], const float (&alpha)[2])
 template <int C> struct Turns {
     int cw;          // this consumer warpgroup, 0 .. C - 1
     DEVICE void start() const {
-        if (PINGPONG && cw == C - 1) named_arrive(1, 2 * WARPGROUP);
+        if (PINGPONG && cw == C - 1) named_barrier_arrive(1, 2 * WARPGROUP);
     }
     DEVICE void begin() const {
-        if (PINGPONG) named_sync(1 + cw, 2 * WARPGROUP);
+        if (PINGPONG) named_barrier_sync(1 + cw, 2 * WARPGROUP);
     }
     DEVICE void end() const {
-        if (PINGPONG) named_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
+        if (PINGPONG) named_barrier_arrive(1 + (cw + 1) % C, 2 * WARPGROUP);
     }
     DEVICE void finish() const {
-        if (PINGPONG && cw == 0) named_sync(1, 2 * WARPGROUP);
+        if (PINGPONG && cw == 0) named_barrier_sync(1, 2 * WARPGROUP);
     }
 };
 
@@ -638,6 +474,231 @@ template <int STAGES> struct RingPos {
         if (++s == STAGES) { s = 0; phase ^= 1; }
     }
 };
+
+// Where a CTA's tiles and barriers are (T = Shape<D>): sQ, then STAGES slots of [sK | sV] in the dynamic shared
+// memory (shared-window addresses), and the mbarriers (static; see the end of "Algorithm" in the header).
+template <class T> struct Smem {
+    u32 sQ, ring;
+    u64* q_full;      // "sQ holds the tile's Q"
+    u64* q_empty;     // "every consumer warp is done with sQ"
+    u64* k_full;      // [s] "slot s holds K_j"
+    u64* v_full;      // [s] "slot s holds V_j"
+    u64* k_empty;     // [s] "every consumer warp is done with K in slot s"
+    u64* v_empty;     // [s] "every consumer warp is done with V in slot s"
+    DEVICE u32 sK(int s) const { return ring + s * T::STAGE_BYTES; }
+    DEVICE u32 sV(int s) const { return ring + s * T::STAGE_BYTES + T::KV_TILE_BYTES; }
+};
+
+// The work tiles. Work tile w (0 .. m_count * heads - 1) is query tile m_count - 1 - w % m_count of (batch, head)
+// w / m_count: the query tiles of one head are neighbours (they run together and share its K and V in L2), the last
+// (the longest under the causal mask) first. CTA c takes tiles c, c + gridDim.x, ...: one each when the grid has a
+// CTA per tile, several when the launcher makes it persistent (one CTA per SM).
+template <class T> struct Work {
+    int m_count, count;
+    DEVICE void tile(int w, int& m0, int& bh) const {
+        bh = w / m_count;                              // (batch, head) = the tensor maps' third coordinate
+        m0 = (m_count - 1 - w % m_count) * T::BLOCK_M;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The producer: one thread of warpgroup 0 issues every TMA copy
+// ---------------------------------------------------------------------------------------------
+
+// Tile j of K or V of (batch, head) bh into the next slot of its ring, once the consumers have released that slot (a
+// fresh barrier reports the phase before its first as complete, so the first pass does not wait).
+template <class T>
+DEVICE void load_kv(const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u64* empty, u32 dst, int j, int bh) {
+    mbar_wait(smem_addr(&empty[pos.s]), pos.phase ^ 1);
+    mbar_arrive_expect_tx(smem_addr(&full[pos.s]), T::KV_TILE_BYTES);
+#pragma unroll
+    for (int h = 0; h < T::HALVES; ++h)
+        tma_load_3d(dst + h * T::BLOCK_N * SWIZZLE_BYTES, map, h * SWIZZLE_ELEMS, j * T::BLOCK_N, bh,
+                    smem_addr(&full[pos.s]));
+    pos.advance();
+}
+
+// For each work tile of the CTA: Q, once the consumers are done with the previous tile's (they release it after its
+// last S), then the K/V tiles in the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first
+// in iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}.
+template <class T>
+DEVICE void produce(const Smem<T>& sm, const Work<T>& work, const TensorMap& map_q, const TensorMap& map_k,
+                    const TensorMap& map_v, int Tq, int Tk, int causal) {
+    prefetch_tensor_map(map_q);
+    prefetch_tensor_map(map_k);
+    prefetch_tensor_map(map_v);
+    RingPos<T::STAGES> kpos, vpos;
+    u32 q_phase = 0;
+    for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
+        int m0, bh;
+        work.tile(w, m0, bh);
+        const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
+        if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
+        mbar_wait(smem_addr(sm.q_empty), q_phase ^ 1);
+        mbar_arrive_expect_tx(smem_addr(sm.q_full), T::Q_BYTES);
+#pragma unroll
+        for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
+            tma_load_3d(sm.sQ + h * T::BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
+                        smem_addr(sm.q_full));
+        q_phase ^= 1;
+        for (int j = 0; j <= n_tiles; ++j) {
+            if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
+            if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, bh);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The consumers: warpgroups 1 .. C, 64 query rows each
+// ---------------------------------------------------------------------------------------------
+
+// One consumer warpgroup's hold on the shared memory: its rows of sQ, the ring slots of the next K and the next V
+// tile, and its turns at the tensor cores.
+template <class T, bool BF16> struct Consumer {
+    const Smem<T>& sm;
+    u32 sQ_wg;                         // this warpgroup's rows of sQ, in each half
+    int lane;
+    Turns<T::CONSUMERS> turns;
+    RingPos<T::STAGES> kpos, vpos;     // the slots of the next K and of the next V to use
+
+    DEVICE void release(u64* empty, int s) const {
+        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+    }
+    // S = Q K^T of the next K tile on its own (one turn), waited for; K's slot handed back
+    DEVICE void scores(float (&acc_s)[T::S_ACC]) {
+        mbar_wait(smem_addr(&sm.k_full[kpos.s]), kpos.phase);
+        turns.begin();
+        issue_qk<T, BF16>(acc_s, sQ_wg, sm.sK(kpos.s));
+        turns.end();
+        wgmma_wait<0>();
+        wgmma_pin(acc_s);
+        release(sm.k_empty, kpos.s);
+        kpos.advance();
+    }
+    // O += P V of the next V tile on its own (one turn), waited for; V's slot handed back
+    DEVICE void accumulate(float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS]) {
+        mbar_wait(smem_addr(&sm.v_full[vpos.s]), vpos.phase);
+        turns.begin();
+        issue_pv<T, BF16>(acc_o, p, sm.sV(vpos.s));
+        turns.end();
+        wgmma_wait<0>();                               // the tensor cores have finished reading V
+        wgmma_pin(acc_o);
+        release(sm.v_empty, vpos.s);
+        vpos.advance();
+    }
+};
+
+// The plain loop (OVERLAP = 0) over one work tile's K/V tiles: each step waits for the one before it.
+template <class T, bool BF16>
+DEVICE void attend_plain(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32 (&p)[T::P_REGS], float (&alpha)[2],
+                         float (&acc_o)[T::O_ACC], float (&row_max)[2], float (&row_sum)[2], const RowInfo& r,
+                         int n_tiles) {
+    for (int j = 0; j < n_tiles; ++j) {
+        c.scores(acc_s);                               // S_j = Q K_j^T
+        online_softmax(acc_s, row_max, row_sum, alpha, r, j * T::BLOCK_N);
+        rescale(acc_o, alpha);
+        to_p<BF16>(acc_s, p);
+        c.accumulate(acc_o, p);                        // O += P_j V_j
+    }
+    if (n_tiles > 0) c.release(c.sm.q_empty, 0);
+}
+
+// The pipelined loop (OVERLAP = 1, n_tiles >= 1), software pipelining inside the warpgroup: while the tensor cores
+// compute O += P_{j-1} V_{j-1}, the warpgroup runs the softmax of S_j. K/V tile 0 only fills the pipeline: S_0 and its
+// softmax.
+template <class T, bool BF16>
+DEVICE void attend_pipelined(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32 (&p)[T::P_REGS],
+                             float (&alpha)[2], float (&acc_o)[T::O_ACC], float (&row_max)[2], float (&row_sum)[2],
+                             const RowInfo& r, int n_tiles) {
+    c.scores(acc_s);
+    online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
+    to_p<BF16>(acc_s, p);
+    for (int j = 1; j < n_tiles; ++j) {
+        mbar_wait(smem_addr(&c.sm.k_full[c.kpos.s]), c.kpos.phase);   // K_j
+        mbar_wait(smem_addr(&c.sm.v_full[c.vpos.s]), c.vpos.phase);   // V_{j-1}
+        c.turns.begin();
+        issue_qk<T, BF16>(acc_s, c.sQ_wg, c.sm.sK(c.kpos.s));         // S_j = Q K_j^T          (commit group 1)
+        issue_pv<T, BF16>(acc_o, p, c.sm.sV(c.vpos.s));               // O += P_{j-1} V_{j-1}   (commit group 2)
+        c.turns.end();
+        wgmma_wait<1>();                               // group 1 is done; P V may still be running
+        wgmma_pin(acc_s);
+        c.release(c.sm.k_empty, c.kpos.s);
+        c.kpos.advance();
+        online_softmax(acc_s, row_max, row_sum, alpha, r, j * T::BLOCK_N);
+        wgmma_wait<0>();                               // P_{j-1} V_{j-1} is done: O and P are free again
+        wgmma_pin(acc_o);
+        wgmma_pin(p);
+        c.release(c.sm.v_empty, c.vpos.s);
+        c.vpos.advance();
+        rescale(acc_o, alpha);
+        to_p<BF16>(acc_s, p);
+    }
+    c.release(c.sm.q_empty, 0);                        // every S of the tile is done: the producer may load Q
+    c.accumulate(acc_o, p);                            // the last K/V tile's O += P V
+}
+
+// The epilogue: o = O / l, lse = (m + log2 l) ln 2 for the thread's two rows, rows < Tq only (l reduced over the quad).
+template <class T, bool BF16>
+DEVICE void store_o_lse(const float (&acc_o)[T::O_ACC], const float (&row_max)[2], const float (&row_sum)[2],
+                        const RowInfo& r, u16* o, float* lse, int bh, int Tq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float l = quad_sum(row_sum[h]);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: o = 0
+        if (r.row[h] < Tq) {
+            const long long row = static_cast<long long>(bh) * Tq + r.row[h];
+            u32* const dst = reinterpret_cast<u32*>(o + row * T::HEAD_DIM + 2 * r.t);
+#pragma unroll
+            for (int i = 0; i < T::O_ACC / 4; ++i)     // columns 8 i + 2 t, + 1
+                dst[4 * i] = pack2<BF16>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
+            if (lse != nullptr && r.t == 0)
+                lse[row] = l > 0.0f ? (row_max[h] + __log2f(l)) * LN2 : NEG_INF;
+        }
+    }
+}
+
+// A consumer warpgroup's loop over the CTA's work tiles: its 64 query rows of each, against all the tile's keys.
+template <class T, bool BF16>
+DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, float* lse, int Tq, int Tk,
+                    float scale_log2, int causal) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    Consumer<T, BF16> c{sm, sm.sQ + cw * WGMMA_M * SWIZZLE_BYTES, lane, {cw}};
+    u32 q_phase = 0;
+    c.turns.start();
+    for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
+        int m0, bh;
+        work.tile(w, m0, bh);
+        const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
+        RowInfo r;
+        r.first_row = m0 + cw * WGMMA_M;
+        r.row[0] = r.first_row + 16 * warp + lane / 4;
+        r.row[1] = r.row[0] + 8;
+        r.t = lane % 4;
+        r.Tk = Tk;
+        r.diag = Tk - Tq;
+        r.causal = causal;
+        r.scale_log2 = scale_log2;
+
+        float acc_o[T::O_ACC];
+#pragma unroll
+        for (int i = 0; i < T::O_ACC; ++i) acc_o[i] = 0.0f;
+        float row_max[2] = {NEG_INF, NEG_INF};         // m, in log2 units of the scaled scores
+        float row_sum[2] = {0.0f, 0.0f};               // l, this thread's partial sum (reduced at the end)
+        float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
+        u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
+        float alpha[2];                                // (declared here, not in attend_*: the same register use)
+        if (n_tiles > 0) {
+            mbar_wait(smem_addr(sm.q_full), q_phase);
+            q_phase ^= 1;
+        }
+        if (OVERLAP && n_tiles > 0)
+            attend_pipelined(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, n_tiles);
+        else
+            attend_plain(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, n_tiles);
+        store_o_lse<T, BF16>(acc_o, row_max, row_sum, r, o, lse, bh, Tq);
+    }
+    c.turns.finish();
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // ---------------------------------------------------------------------------------------------
@@ -648,32 +709,19 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
                               float* lse, int Tq, int Tk, int heads, float scale_log2, int causal) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
-    constexpr int BLOCK_M = T::BLOCK_M, BLOCK_N = T::BLOCK_N;
     extern __shared__ unsigned char smem_raw[];
-    __shared__ alignas(8) u64 q_full;                 // "sQ holds the tile's Q"
-    __shared__ alignas(8) u64 q_empty;                // "every consumer warp is done with sQ"
-    __shared__ alignas(8) u64 k_full[T::STAGES];      // "slot s holds K_j"
-    __shared__ alignas(8) u64 v_full[T::STAGES];      // "slot s holds V_j"
-    __shared__ alignas(8) u64 k_empty[T::STAGES];     // "every consumer warp is done with K in slot s"
-    __shared__ alignas(8) u64 v_empty[T::STAGES];     // "every consumer warp is done with V in slot s"
+    __shared__ alignas(8) u64 q_full;
+    __shared__ alignas(8) u64 q_empty;
+    __shared__ alignas(8) u64 k_full[T::STAGES];
+    __shared__ alignas(8) u64 v_full[T::STAGES];
+    __shared__ alignas(8) u64 k_empty[T::STAGES];
+    __shared__ alignas(8) u64 v_empty[T::STAGES];
 
-    // ---- set-up: align the shared memory, initialise the barriers ---------------------------------------------
-    // Work tile w (0 .. m_count * heads - 1) is query tile m_count - 1 - w % m_count of (batch, head) w / m_count:
-    // the query tiles of one head are neighbours (they run together and share its K and V in L2), the last (the
-    // longest under the causal mask) first. CTA c takes tiles c, c + gridDim.x, ...: one each when the grid has a CTA
-    // per tile, several when the launcher makes it persistent (one CTA per SM).
-    const int m_count = (Tq + BLOCK_M - 1) / BLOCK_M;
-    const int work = m_count * heads;
-    const auto tile_of = [&](int w, int& m0, int& bh) {
-        bh = w / m_count;                              // (batch, head) = the tensor maps' third coordinate
-        m0 = (m_count - 1 - w % m_count) * BLOCK_M;
-    };
+    // ---- set-up: the work tiles, the shared memory aligned, the barriers initialised ----------------------------
+    const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
+    const int work_count = m_count * heads;
     const u32 base = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
-    const u32 sQ = base, ring = base + T::Q_BYTES;    // slot s: sK at ring + s STAGE_BYTES, sV KV_TILE_BYTES on
-    const auto sK = [&](int s) { return ring + s * T::STAGE_BYTES; };
-    const auto sV = [&](int s) { return ring + s * T::STAGE_BYTES + T::KV_TILE_BYTES; };
     const int warpgroup = threadIdx.x / WARPGROUP;
-
     if (threadIdx.x == 0) {
         mbar_init(smem_addr(&q_full), 1);
         mbar_init(smem_addr(&q_empty), T::CONSUMER_WARPS);
@@ -683,170 +731,23 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
             mbar_init(smem_addr(&k_empty[s]), T::CONSUMER_WARPS);
             mbar_init(smem_addr(&v_empty[s]), T::CONSUMER_WARPS);
         }
-        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();  // the initialised barriers, visible to TMA (the async proxy) and to the other threads
     }
     __syncthreads();
 
+    // ---- warp specialisation: warpgroup 0 loads, the others compute ---------------------------------------------
+    // (each side builds its own Smem and Work views: built once before the branch, they change the registers the
+    // compiler assigns, kernels/hopper/README.md)
     if (warpgroup == 0) {
-        // ---- producer: one thread issues every TMA copy ----------------------------------------------------------
         regs_decrease<T::PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
-            prefetch_tensor_map(map_q);
-            prefetch_tensor_map(map_k);
-            prefetch_tensor_map(map_v);
-            // One tile of K (or V) into the next slot of its ring, once the consumers have released that slot (a
-            // fresh barrier reports the phase before its first as complete, so the first pass does not wait).
-            RingPos<T::STAGES> kpos, vpos;
-            u32 q_phase = 0;
-            for (int w = blockIdx.x; w < work; w += gridDim.x) {
-                int m0, bh;
-                tile_of(w, m0, bh);
-                const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
-                if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
-                const auto load = [&](const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u64* empty, u32 dst,
-                                      int j) {
-                    mbar_wait(smem_addr(&empty[pos.s]), pos.phase ^ 1);
-                    mbar_arrive_expect_tx(smem_addr(&full[pos.s]), T::KV_TILE_BYTES);
-#pragma unroll
-                    for (int h = 0; h < T::HALVES; ++h)
-                        tma_load_3d(dst + h * BLOCK_N * SWIZZLE_BYTES, map, h * SWIZZLE_ELEMS, j * BLOCK_N, bh,
-                                    smem_addr(&full[pos.s]));
-                    pos.advance();
-                };
-                // Q, once the consumers are done with the previous tile's (they release it after its last S)
-                mbar_wait(smem_addr(&q_empty), q_phase ^ 1);
-                mbar_arrive_expect_tx(smem_addr(&q_full), T::Q_BYTES);
-#pragma unroll
-                for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
-                    tma_load_3d(sQ + h * BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
-                                smem_addr(&q_full));
-                q_phase ^= 1;
-                // In the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first in
-                // iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}
-                for (int j = 0; j <= n_tiles; ++j) {
-                    if (j < n_tiles) load(map_k, kpos, k_full, k_empty, sK(kpos.s), j);
-                    if (j > 0) load(map_v, vpos, v_full, v_empty, sV(vpos.s), j - 1);
-                }
-            }
-        }
+        const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
+        const Work<T> work{m_count, work_count};
+        if (threadIdx.x == 0) produce(sm, work, map_q, map_k, map_v, Tq, Tk, causal);
     } else {
-        // ---- consumers: 64 query rows each ---------------------------------------------------------------------
         regs_increase<T::CONSUMER_REGS>();
-        const int cw = warpgroup - 1;
-        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-        const Turns<T::CONSUMERS> turns{cw};
-        const u32 sQ_wg = sQ + cw * WGMMA_M * SWIZZLE_BYTES;   // this warpgroup's rows, in each half
-        const auto release = [&](u64* empty, int s) { if (lane == 0) mbar_arrive(smem_addr(&empty[s])); };
-        RingPos<T::STAGES> kpos, vpos;                     // the slots of the next K and of the next V to use
-        // S = Q K^T of the next K tile on its own (one turn), waited for; K's slot handed back
-        const auto scores = [&](float (&acc_s)[T::S_ACC]) {
-            mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);
-            turns.begin();
-            issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));
-            turns.end();
-            wgmma_wait<0>();
-            pin(acc_s);
-            release(k_empty, kpos.s);
-            kpos.advance();
-        };
-        // O += P V of the next V tile on its own (one turn), waited for; V's slot handed back
-        const auto accumulate = [&](float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS]) {
-            mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);
-            turns.begin();
-            issue_pv<T, BF16>(acc_o, p, sV(vpos.s));
-            turns.end();
-            wgmma_wait<0>();                               // the tensor cores have finished reading V
-            pin(acc_o);
-            release(v_empty, vpos.s);
-            vpos.advance();
-        };
-        u32 q_phase = 0;
-        turns.start();
-        for (int w = blockIdx.x; w < work; w += gridDim.x) {
-            int m0, bh;
-            tile_of(w, m0, bh);
-            const int n_tiles = kv_tiles<BLOCK_M, BLOCK_N>(m0, Tq, Tk, causal);
-            RowInfo r;
-            r.first_row = m0 + cw * WGMMA_M;
-            r.row[0] = r.first_row + 16 * warp + lane / 4;
-            r.row[1] = r.row[0] + 8;
-            r.t = lane % 4;
-            r.Tk = Tk;
-            r.diag = Tk - Tq;
-            r.causal = causal;
-            r.scale_log2 = scale_log2;
-
-            float acc_o[T::O_ACC];
-#pragma unroll
-            for (int i = 0; i < T::O_ACC; ++i) acc_o[i] = 0.0f;
-            float row_max[2] = {NEG_INF, NEG_INF};         // m, in log2 units of the scaled scores
-            float row_sum[2] = {0.0f, 0.0f};               // l, this thread's partial sum (reduced at the end)
-            float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
-            u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
-            float alpha[2];
-
-            if (n_tiles > 0) {
-                mbar_wait(smem_addr(&q_full), q_phase);
-                q_phase ^= 1;
-            }
-            if (OVERLAP && n_tiles > 0) {
-                // Software pipelining inside the warpgroup: while the tensor cores compute O += P_{j-1} V_{j-1}, the
-                // warpgroup runs the softmax of S_j. K/V tile 0 only fills the pipeline: S_0 and its softmax.
-                scores(acc_s);
-                online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
-                to_p<BF16>(acc_s, p);
-                for (int j = 1; j < n_tiles; ++j) {
-                    mbar_wait(smem_addr(&k_full[kpos.s]), kpos.phase);   // K_j
-                    mbar_wait(smem_addr(&v_full[vpos.s]), vpos.phase);   // V_{j-1}
-                    turns.begin();
-                    issue_qk<T, BF16>(acc_s, sQ_wg, sK(kpos.s));          // S_j = Q K_j^T          (commit group 1)
-                    issue_pv<T, BF16>(acc_o, p, sV(vpos.s));              // O += P_{j-1} V_{j-1}   (commit group 2)
-                    turns.end();
-                    wgmma_wait<1>();                       // group 1 is done; P V may still be running
-                    pin(acc_s);
-                    release(k_empty, kpos.s);
-                    kpos.advance();
-                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
-                    wgmma_wait<0>();                       // P_{j-1} V_{j-1} is done: O and P are free again
-                    pin(acc_o);
-                    pin(p);
-                    release(v_empty, vpos.s);
-                    vpos.advance();
-                    rescale(acc_o, alpha);
-                    to_p<BF16>(acc_s, p);
-                }
-                release(&q_empty, 0);                       // every S of the tile is done: the producer may load Q
-                accumulate(acc_o, p);                      // the last K/V tile's O += P V
-            } else {
-                // The plain loop: each step waits for the one before it.
-                for (int j = 0; j < n_tiles; ++j) {
-                    scores(acc_s);                         // S_j = Q K_j^T
-                    online_softmax(acc_s, row_max, row_sum, alpha, r, j * BLOCK_N);
-                    rescale(acc_o, alpha);
-                    to_p<BF16>(acc_s, p);
-                    accumulate(acc_o, p);                  // O += P_j V_j
-                }
-                if (n_tiles > 0) release(&q_empty, 0);
-            }
-
-            // ---- epilogue: o = O / l, lse = (m + log2 l) ln 2, rows < Tq only -------------------------------------
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float l = quad_sum(row_sum[h]);
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // a row that saw no key: o = 0
-                if (r.row[h] < Tq) {
-                    const long long row = static_cast<long long>(bh) * Tq + r.row[h];
-                    u32* const dst = reinterpret_cast<u32*>(o + row * D + 2 * r.t);
-#pragma unroll
-                    for (int i = 0; i < T::O_ACC / 4; ++i)     // columns 8 i + 2 t, + 1
-                        dst[4 * i] = pack2<BF16>(acc_o[4 * i + 2 * h] * inv, acc_o[4 * i + 2 * h + 1] * inv);
-                    if (lse != nullptr && r.t == 0)
-                        lse[row] = l > 0.0f ? (row_max[h] + __log2f(l)) * LN2 : NEG_INF;
-                }
-            }
-        }
-        turns.finish();
+        const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
+        const Work<T> work{m_count, work_count};
+        consume<T, BF16>(sm, work, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal);
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
@@ -854,32 +755,22 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: float16 or bfloat16, D = 64 or 128
+// Entry points: float16 or bfloat16, D = 64 or 128, all with the signature of the header's "Kernels"
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
-hopper_attn_f16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                    const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                    int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<64, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
-}
+#define HOPPER_ATTN_PARAMS                                                                                          \
+    const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
+    const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2, int causal
+#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal
 
-extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
-hopper_attn_f16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<128, false>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_f16_d64(HOPPER_ATTN_PARAMS) {
+    attention_forward<64, false>(HOPPER_ATTN_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1)
-hopper_attn_bf16_d64(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                     const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                     int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<64, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_f16_d128(HOPPER_ATTN_PARAMS) {
+    attention_forward<128, false>(HOPPER_ATTN_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1)
-hopper_attn_bf16_d128(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,
-                      const __grid_constant__ TensorMap map_v, u16* o, float* lse,
-                      int Tq, int Tk, int heads, float scale_log2, int causal) {
-    attention_forward<128, true>(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal);
+extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_bf16_d64(HOPPER_ATTN_PARAMS) {
+    attention_forward<64, true>(HOPPER_ATTN_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_bf16_d128(HOPPER_ATTN_PARAMS) {
+    attention_forward<128, true>(HOPPER_ATTN_ARGS);
 }

@@ -13,7 +13,7 @@ the CPU (tests/test_hopper_attn_compile.py).
 
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
 (kernels.core.load_module(..., arch="sm_90a")), as kernels/hopper/hopper_gemm.py explains. q, k and v are read by TMA
-through tensor maps built with cuTensorMapEncodeTiled (kernels.hopper_gemm.tensor_map): each as a (B*H, T, d)
+through tensor maps built with cuTensorMapEncodeTiled (kernels.hopper.hopper_gemm.tensor_map): each as a (B*H, T, d)
 tensor read in boxes of 64 columns x block_m (q) or block_n (k, v) rows with the 128-byte swizzle, (B*H) being the
 third dimension so that a box hanging over the end of one head reads zeros, not the next head's rows.
 
@@ -62,15 +62,11 @@ class Tiles(NamedTuple):
 
 
 # The tiling per (head dimension, causal); handed to the kernel with -D (hopper_attn.cu gives the non-causal ones as
-# its defaults, and static_asserts what it can build). d = 64: 192 query rows (three consumer warpgroups): with only
-# 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third. d = 128: tiles
-# of 176 keys, fewer and longer tiles for the same work. After the softmax changes of notebook 13's section 7 the
-# two widths are close: in five interleaved rounds on the H100 (persistent, not causal, ratio to
-# cuDNN) 176 led at T = 16384 (1.075 against 1.031) and 128 at 2048 to 8192 (by 1 to 3%; 4096 keys are 23.3 tiles of
-# 176, the 24th mostly padding). Under the causal mask 128, since a wider tile puts more keys past the diagonal. Two
-# slots suffice for K and V each at d = 128: a slot is released as soon as its tile's product is done (K after
-# S = Q K^T, V after O += P V), so the next load is issued a whole iteration ahead. Measured on the H100 (notebook
-# 13); tests/test_hopper_attn_gpu.py checks the other tilings too.
+# its defaults, and static_asserts what it can build). d = 64: 192 query rows (three consumer warpgroups: with only
+# 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third). d = 128: tiles
+# of 176 keys (fewer and longer tiles for the same work), 128 under the causal mask (fewer keys past the diagonal);
+# two K/V slots suffice, as a slot is freed as soon as its tile's product is done. The measurements behind these
+# choices: kernels/hopper/README.md. tests/test_hopper_attn_gpu.py checks the other tilings too.
 TILES = {
     (64, False): Tiles(192, 128, 4), (64, True): Tiles(192, 128, 4),
     (128, False): Tiles(128, 176, 2), (128, True): Tiles(128, 128, 2),

@@ -1,20 +1,12 @@
 // hopper_gemm.cu -- C = A B^T on Hopper: TMA into a shared-memory ring, wgmma straight from shared memory (fp16/bf16).
 //
 // What it computes
-//   C[b] = A[b] B[b]^T for every b < batch. A is (batch, M, K) and B is (batch, N, K), both row-major (K is the
-//   contiguous axis), float16 or bfloat16; C is (batch, M, N) row-major, float32 or the inputs' 16-bit type; the
-//   products are summed in float32. With A = Q and B = K of one attention head this is the score matrix S = Q K^T,
-//   the first of the two products that FlashAttention-3 runs on wgmma.
-//
-// Where it sits in the course
-//   flash2_mma.cu    mma.sync: each warp loads its operands from shared memory into registers (ldmatrix) and
-//                    issues 16x8x16 products; loads are cp.async, issued by the same warps that compute.
-//   this file        Hopper's two new engines. TMA (the Tensor Memory Accelerator) copies a whole 2-D tile from
-//                    global to shared memory on one thread's request, swizzled on the way. wgmma (warpgroup MMA)
-//                    lets four warps multiply a 64 x N tile whose operands stay in shared memory: no ldmatrix, no
-//                    operand registers. One warp only loads, the others only compute (warp specialisation).
-//   what's next      the attention kernel itself: S = Q K^T by wgmma as here, the softmax on the accumulator
-//                    registers, then O += P V with P from registers (the register-A form of wgmma).
+//   C[b] = A[b] B[b]^T for every b < batch: A (batch, M, K) and B (batch, N, K) row-major (K contiguous), float16 or
+//   bfloat16; C (batch, M, N) row-major, float32 or the inputs' 16-bit type; products summed in float32. With A = Q and
+//   B = K of one head this is attention's S = Q K^T, the first product FlashAttention-3 runs on wgmma. Hopper's two
+//   engines: TMA copies a whole 2-D tile from global to shared memory on one thread's request, swizzled on the way;
+//   wgmma lets a warpgroup (4 warps) multiply a 64 x N tile whose operands stay in shared memory (no ldmatrix). One
+//   warpgroup only loads, the others only compute (warp specialisation).
 //
 // Algorithm (a persistent kernel: one block per SM, each block walks the output tiles tile = blockIdx.x, + gridDim.x)
 //
@@ -23,43 +15,19 @@
 //     wait  empty[s]            (slot s is free)        wait full[s]           (A and B of kb have landed)
 //     expect full[s] += STAGE_BYTES                     4 x wgmma 64x256x16    (K = 64 = 4 steps of 16)
 //     TMA   A[b, tile rows, kb] -> slot s (sA)          wait for the wgmmas, then arrive on empty[s]
-//     TMA   B[b, tile cols, kb] -> slot s (sB)        epilogue, per chunk of 64 (float32) or 128 (16-bit) columns:
-//     s = s + 1 mod STAGES                                named barrier (the warpgroup's 128 threads)
-//                                                         accumulators -> the warpgroup's staging buffer (swizzled)
-//                                                         named barrier
-//                                                         buffer -> C, 16 bytes a thread, whole rows a warp (guarded)
+//     TMA   B[b, tile cols, kb] -> slot s (sB)        epilogue (store_tile), per chunk of 64 (float32) or 128
+//     s = s + 1 mod STAGES                              (16-bit) columns: accumulators -> the warpgroup's staging
+//                                                       buffer (swizzled) -> C, 16 bytes a thread, whole rows a warp
 //
-//   The ring has STAGES slots; the producer runs up to STAGES k-blocks ahead, across tile boundaries too, so the
-//   loads of the next tile overlap the consumers' epilogue of this one (with K = 64 a tile is a single k-block, and
-//   writing C is most of the work). That is why the epilogue has buffers of its own rather than borrowing a slot.
-//
-// The epilogue (store_tile)
-//   wgmma leaves each thread pairs of neighbouring columns in 2 x 8 rows (layout below). Stored from there, a warp
-//   instruction writes 8 rows x 4 pairs: 8-byte (float32) or 4-byte (16-bit) pieces, so the 32-byte sectors of C are
-//   written in halves and quarters over several instructions. Instead each consumer warpgroup passes its 64 x 256
-//   tile through a 16 KB shared-memory buffer of 64 rows x 256 bytes, one column chunk at a time (4 chunks of 64
-//   float32 or 2 of 128 16-bit columns, rounded to C's type on the way in), and copies each chunk out in 16-byte
-//   pieces: lane l of warp w reads piece l % 16 of chunk row 2 w + l / 16 (+ 8, 16, ... 56), so a warp writes two
-//   whole 256-byte row segments of C per instruction. Only the warpgroup's own 128 threads synchronise, on named
-//   barrier 1 + (consumer index) (`bar.sync id, 128`): the other warpgroup and the producer do not wait.
-//   C's rows start every N elements, so 16-byte stores are aligned only when N * sizeof(C) % 16 == 0; otherwise (and
-//   never past column N or row M) the pieces are written element by element.
-//   Buffer swizzle, in units of 8 columns (one accumulator quadruple d[4i .. 4i+3] spans 8 columns of two rows):
-//
-//       chunk row r:  group q stored at group position q ^ (r % 8)   (32-byte groups for float32, 16-byte for 16-bit)
-//
-//   A warp's write covers one group of 8 rows r % 8 = 0..7, 256 bytes apart: unswizzled they would fall on the same
-//   8 banks (float32) or 4 (16-bit), an 8-way conflict; swizzled they take 2 wavefronts for 256 bytes (float32) or 1
-//   for 128 (16-bit), the least possible. A half-warp reading one row's 16 pieces gets a permutation of them: 4
-//   wavefronts for a warp's 512 bytes, again the least possible.
-//
-// mbarriers and their phases
-//   An mbarrier counts arrivals (and, for TMA, bytes). When the expected count is reached its phase completes and
-//   its phase bit flips; a waiter names the parity of the phase it waits for. full[s] expects 1 arrival (the
-//   producer's arrive.expect_tx) plus STAGE_BYTES bytes (TMA's complete_tx); empty[s] expects one arrival per
-//   consumer warp. Both sides walk the ring with (s, phase), flipping phase each time s wraps to 0. Consumers wait
-//   full[s] for parity `phase`; the producer waits empty[s] for parity `phase ^ 1`, which a fresh barrier reports
-//   as already complete, so the first pass through the ring does not wait.
+//   The producer runs up to STAGES k-blocks ahead, across tiles too, so the loads of the next tile overlap this one's
+//   epilogue (with K = 64 a tile is a single k-block, and writing C is most of the work): the epilogue has buffers of
+//   its own. wgmma leaves each thread pairs of neighbouring columns in rows 8 apart, which stored directly would fill
+//   C's 32-byte sectors in halves and quarters; each warpgroup instead stages its 64 x 256 tile through a 16 KB buffer,
+//   a column chunk at a time, and copies it out in 16-byte pieces, two whole 256-byte row segments of C per warp
+//   store. Only the warpgroup's 128 threads synchronise (named barrier 1 + its index): the rest of the block runs on.
+//   mbarriers: full[s] expects 1 arrival (the producer's arrive.expect_tx) + STAGE_BYTES of TMA, empty[s] one arrival
+//   per consumer warp. Both sides walk the ring with (s, phase), flipping phase when s wraps to 0; consumers wait
+//   full[s] for parity phase, the producer empty[s] for phase ^ 1, which a fresh barrier reports as complete.
 //
 // Shared memory: STAGES slots of [sA: BLOCK_M x 64][sB: BLOCK_N x 64] 16-bit elements, each row 128 bytes (dynamic),
 // plus one 64 x 256-byte epilogue staging buffer per consumer warpgroup and the mbarriers (static)
@@ -73,53 +41,41 @@
 //       ...                                     The pattern repeats every 8 rows = 1024 bytes (a swizzle atom),
 //       row 7:  c7 c6 c5 c4 c3 c2 c1 c0          so every tile starts on a 1024-byte boundary.
 //
-// wgmma shared-memory descriptor (64 bits; PTX ISA, "Matrix Descriptor Format" of the warpgroup MMA section)
-//   bits  0-13  start address >> 4          the tile's shared address, + 32 bytes per k-step of 16 elements
-//   bits 16-29  leading byte offset >> 4    unused for a K-major swizzled tile (the K extent of one wgmma, 32 bytes,
-//                                           lies inside one 128-byte row); set to 1 as is customary
-//   bits 32-45  stride byte offset >> 4     1024: from one group of 8 rows (M or N) to the next
-//   bits 49-51  base offset                 0: every tile starts on a 1024-byte boundary
-//   bits 62-63  swizzle mode                1 = 128-byte swizzle
-//   The hardware applies the XOR to the address bits itself, so stepping the start address by 32 bytes inside the
-//   swizzled row is right: chunk 2j of row r is found at (2j ^ r%8), exactly where TMA put it.
-//
-// wgmma accumulator layout (m64nNk16, float32: N/2 registers per thread; warp w of the warpgroup, lane = 4 g + t)
-//   d[4i + 0], d[4i + 1]  ->  row 16 w + g,      columns 8 i + 2 t, 8 i + 2 t + 1
-//   d[4i + 2], d[4i + 3]  ->  row 16 w + g + 8,  the same columns                       (i = 0 .. N/8 - 1)
+//   wgmma accumulators (m64nNk16, float32, warp w of the warpgroup, lane = 4 g + t; i = 0 .. N/8 - 1):
+//   d[4i], d[4i + 1] -> row 16 w + g, columns 8 i + 2 t, + 1;  d[4i + 2], d[4i + 3] -> row 16 w + g + 8, the same.
+//   The operand descriptors (kmajor_descriptor, ptx/wgmma.cuh) step 32 bytes per k-step of 16 elements.
 //
 // Launch configuration
-//   grid  = min(number of tiles, number of SMs), tiles = batch * ceil(M / BLOCK_M) * ceil(N / BLOCK_N), N fastest
+//   grid  = min(tiles, number of SMs), tiles = batch * ceil(M / BLOCK_M) * ceil(N / BLOCK_N), N fastest
 //   block = 128 * (1 + BLOCK_M / 64) = 384 threads: warpgroup 0 the producer, warpgroups 1, 2 the consumers
-//   dynamic shared memory = STAGES * (BLOCK_M + BLOCK_N) * BLOCK_K * 2 + 1024 (alignment slack) = 197632 bytes
-//   static shared memory  = 2 x 64 x 256 (epilogue staging) + 2 * STAGES * 8 (mbarriers, padded to 128) = 32896 bytes
-//   in all 230528 bytes of the 232448 (227 KB) a block may have, 1920 to spare (static_assert). (cuobjdump -res-usage
-//   reports SHARED:33920: it adds the 1 KB the system reserves per block, which lies outside those 227 KB.)
-//   registers: __launch_bounds__(384, 1) gives 168 per thread; setmaxnreg moves them from the producer warpgroup
-//   (down to 40) to the consumers (up to 232), which hold 128 float32 accumulators each.
-//   The two CUtensorMaps (A and B, built on the host with cuTensorMapEncodeTiled, 128 bytes each) are kernel
-//   parameters: `const __grid_constant__` keeps them in parameter memory, where TMA may read them.
+//   dynamic shared memory = STAGES * (BLOCK_M + BLOCK_N) * BLOCK_K * 2 + 1024 (alignment slack) = 197632 bytes;
+//   static 32896 (staging buffers, mbarriers): 230528 of the 232448 a block may have (cuobjdump adds the 1 KB the
+//   system reserves). Registers: __launch_bounds__(384, 1) gives 168 a thread; setmaxnreg moves them from the producer
+//   warpgroup (40) to the consumers (232), which hold 128 float32 accumulators each.
 //
-// Limits (checked by kernels/hopper/hopper_gemm.py before launch)
-//   Hopper only (compute capability 9.x; the sm_90a target): built with NVRTC for sm_90a by the launcher, or with
-//   nvcc -gencode=arch=compute_90a,code=sm_90a. Built for any other target (the course's compile test for sm_80..sm_90,
-//   `nvcc -c` alone) the Hopper code is left out and the kernels are stubs that trap.
-//   K % 8 == 0 (TMA needs row strides that are multiples of 16 bytes); A, B 16-byte aligned; any M, N, K >= 1:
-//   TMA fills the parts of a box that lie outside the tensor with zeros (rows past M or N, columns past K, and never
-//   the next batch entry, because batch is the tensor map's third dimension), and stores are guarded.
+// Kernels (extern "C"), one per input and output type:
+//   hopper_gemm_f16_f32 / hopper_gemm_bf16_f32 (float* c), hopper_gemm_f16_f16 / hopper_gemm_bf16_bf16 (u16* c):
+//   (const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, c, int M, int N, int K,
+//    int batch)   map_a, map_b: CUtensorMaps of A and B as (K, rows, batch) tensors (innermost first), box 64 x BLOCK_M
+//   (A) or 64 x BLOCK_N (B), 128-byte swizzle, zero fill; M, N, K, batch: the sizes, all lengths.
 //
-// Numerics
-//   16-bit products, float32 sums in the tensor cores' own order; a 16-bit C is rounded once (round to nearest).
+// Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
+// kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/hopper/hopper_gemm.cu -o hopper_gemm.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_90a (extern "C" kernels: no name expressions)
+// Host-side example: kernels/examples/hopper_gemm_host.cu (the tensor maps, the launch, a check).
 //
-// What comes next
-//   A TMA store of the staged chunks (cp.async.bulk.tensor from shared memory, issued by one thread, the threads free
-//   to stage the next chunk meanwhile); two consumer warpgroups taking turns (ping-pong) so that one's epilogue hides
-//   under the other's wgmmas; thread-block clusters that multicast the shared B tile.
+// Limits (checked by kernels/hopper/hopper_gemm.py): K % 8 == 0 (TMA strides are multiples of 16 bytes); A, B
+// 16-byte aligned; any M, N, K >= 1: TMA fills what lies outside the tensor with zeros (batch is the map's third
+// dimension, so never the next entry's rows), and stores are guarded.
+// Numerics: 16-bit products, float32 sums in the tensor cores' order; a 16-bit C is rounded once (to nearest).
+// What was tried and measured: kernels/hopper/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define DEVICE __device__ __forceinline__
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
 
 // ---- tile sizes (the launcher passes them with -D; these defaults are what `nvcc -c` alone sees) ----
 #ifndef BLOCK_M
@@ -148,7 +104,7 @@ constexpr int A_TILE_BYTES = BLOCK_M * ROW_BYTES;
 constexpr int B_TILE_BYTES = BLOCK_N * ROW_BYTES;
 constexpr int STAGE_BYTES = A_TILE_BYTES + B_TILE_BYTES;    // bytes TMA delivers per k-block (full boxes, OOB too)
 constexpr int SMEM_ALIGN = SWIZZLE_ATOM;                    // tiles start on a swizzle-atom boundary (1024 bytes)
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (kernels/hopper/hopper_gemm.py)
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + SMEM_ALIGN;  // what the launcher requests (hopper_gemm.py)
 constexpr int EPI_ROW_BYTES = 256;                          // epilogue chunk row: 64 float32 or 128 16-bit columns
 constexpr int EPI_BYTES = WGMMA_M * EPI_ROW_BYTES;          // a consumer warpgroup's staging buffer: 64 rows, 16 KB
 constexpr int EPI_ALIGN = 128;                              // the staging buffers' alignment (16 for the vectors)
@@ -180,83 +136,10 @@ static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS 
 static_assert(WARPGROUP * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= THREADS * LAUNCH_REGS,
               "the consumers cannot take more registers than the producer gives up");
 
-// A CUtensorMap: 128 opaque bytes, 64-byte aligned, written by cuTensorMapEncodeTiled on the host (the launcher).
-struct alignas(64) TensorMap {
-    u64 opaque[16];
-};
-
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers (sm_90a). Each is one or two instructions; the comments say what they guarantee.
+// The wgmma of this kernel, and its epilogue (sm_90a)
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// mbarrier: init with an arrival count; arrive; arrive and announce bytes a TMA copy will deliver; wait on a parity.
-DEVICE void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-DEVICE void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DEVICE void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-DEVICE void mbar_wait(u32 bar, u32 parity) {
-    u32 done;
-    do {  // try_wait suspends the thread for a while inside the instruction, so this loop does not spin hard
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// TMA: copy one box of a 3-D tensor (coordinates innermost first: k, row, batch) into shared memory; the bytes are
-// counted against the mbarrier. The tensor map lives in parameter memory; its generic address is what TMA takes.
-DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-DEVICE void prefetch_tensor_map(const TensorMap& map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
-}
-
-// setmaxnreg: all threads of a warpgroup change their register allocation together.
-template <int N> DEVICE void regs_decrease() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> DEVICE void regs_increase() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// Named barrier `id` (1..15; 0 is __syncthreads') for COUNT threads, whole warps: here a warpgroup's own 128, so the
-// rest of the block runs on. Like __syncthreads it also orders the shared-memory accesses of the threads taking part.
-template <int COUNT> DEVICE void named_barrier_sync(int id) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(COUNT) : "memory");
-}
-
-// wgmma bookkeeping: fence (registers written by ordinary instructions are visible to the next wgmma), commit the
-// wgmmas issued so far as one group, wait until at most N groups are still running.
-DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> DEVICE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// Tell the compiler that the accumulators are read and written here, so that it neither moves nor copies them across
-// a wgmma fence or wait (the registers belong to the tensor cores while a wgmma runs).
-DEVICE void pin_accumulators(float (&d)[ACC]) {
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// The shared-memory descriptor of a K-major tile in the 128-byte swizzle (see the header for the fields).
-DEVICE u64 smem_descriptor(u32 addr) {
-    constexpr u64 LEADING_BYTE_OFFSET = 16;             // ignored for this layout
-    constexpr u64 STRIDE_BYTE_OFFSET = SWIZZLE_ATOM;    // 1024 bytes from one 8-row group to the next
-    constexpr u64 SWIZZLE_128B = 1;
-    return static_cast<u64>((addr & 0x3FFFF) >> 4)     // bits  0-13
-           | (LEADING_BYTE_OFFSET >> 4) << 16          // bits 16-29
-           | (STRIDE_BYTE_OFFSET >> 4) << 32           // bits 32-45
-           | SWIZZLE_128B << 62;                       // bits 62-63 (base offset, bits 49-51, stays 0)
-}
 
 // D (64 x 256, float32, 128 registers per thread) = A (64 x 16) B^T (16 x 256) + (accumulate ? D : 0), both operands
 // K-major in shared memory (imm-trans-a = imm-trans-b = 0), scale-a = scale-b = 1.
@@ -290,17 +173,18 @@ DEVICE void wgmma_64x256x16(float (&d)[ACC], u64 desc_a, u64 desc_b, int accumul
     }
 }
 
-// Two float32 -> two 16-bit values in one register (lo in the low half), round to nearest even (cvt packs its first
-// source into the upper half).
-template <bool BF16> DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// The epilogue (see the header): one consumer warpgroup's 64 x 256 accumulator tile -> C through its staging buffer
-// buf, in chunks of EPI_ROW_BYTES per row (64 float32 or 128 16-bit columns: 4 or 2 chunks). For each chunk:
+// The epilogue: one consumer warpgroup's 64 x 256 accumulator tile -> C through its staging buffer buf, in chunks of
+// EPI_ROW_BYTES per row (64 float32 or 128 16-bit columns: 4 or 2 chunks), rounded to C's type on the way in.
+// The buffer is swizzled in units of 8 columns (one accumulator quadruple d[4i .. 4i+3] spans 8 columns of two rows):
+//
+//       chunk row r:  group q stored at group position q ^ (r % 8)   (32-byte groups for float32, 16-byte for 16-bit)
+//
+// A warp's write covers one group of 8 rows r % 8 = 0..7, 256 bytes apart: unswizzled they would fall on the same
+// 8 banks (float32) or 4 (16-bit), an 8-way conflict; swizzled they take 2 wavefronts for 256 bytes (float32) or 1
+// for 128 (16-bit), the least possible. A half-warp reading one row's 16 pieces gets a permutation of them: 4
+// wavefronts for a warp's 512 bytes, again the least possible. C's rows start every N elements, so 16-byte stores are
+// aligned only when N * sizeof(C) % 16 == 0; otherwise (and never past column N or row M) the pieces are written
+// element by element. For each chunk:
 //   1. barrier   the warpgroup has finished reading the previous chunk out of the buffer
 //   2. write     each thread its pairs (row 16 w + g (+ 8), columns 8 i + 2 t, + 1) into the buffer; the 8-column
 //                group q of chunk row r goes to group position q ^ (r % 8)
@@ -333,7 +217,7 @@ DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, v
 
 #pragma unroll
     for (int chunk = 0; chunk < WGMMA_N / CHUNK_COLS; ++chunk) {
-        named_barrier_sync<WARPGROUP>(barrier);                   // 1. the buffer is free again
+        named_barrier_sync(barrier, WARPGROUP);                   // 1. the buffer is free again
 #pragma unroll
         for (int h = 0; h < 2; ++h) {                             // 2. registers -> buffer
 #pragma unroll
@@ -346,7 +230,7 @@ DEVICE void store_tile(const float (&d)[ACC], unsigned char* buf, int barrier, v
                     *reinterpret_cast<float2*>(p) = make_float2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
             }
         }
-        named_barrier_sync<WARPGROUP>(barrier);                   // 3. the chunk is complete
+        named_barrier_sync(barrier, WARPGROUP);                   // 3. the chunk is complete
         const int col = col0 + chunk * CHUNK_COLS + v * VEC;      // 4. buffer -> C
         if (col < N) {
             uint4 x[PASSES];                                      // all reads first: their latencies overlap
@@ -401,8 +285,7 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
             mbar_init(smem_addr(&full_bar[s]), 1);
             mbar_init(smem_addr(&empty_bar[s]), CONSUMERS * WARPGROUP / 32);
         }
-        // make the initialised barriers visible to the async proxy (TMA) as well as to the other threads
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        mbar_init_fence();  // the initialised barriers, visible to TMA (the async proxy) and to the other threads
     }
     __syncthreads();
 
@@ -442,15 +325,15 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
                 mbar_wait(smem_addr(&full_bar[s]), phase);   // A and B of this k-block are in slot s
                 const u32 a_tile = ring + s * STAGE_BYTES + cw * WGMMA_M * ROW_BYTES;
                 const u32 b_tile = ring + s * STAGE_BYTES + A_TILE_BYTES;
-                pin_accumulators(d);
+                wgmma_pin(d);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk)  // 16 elements = 32 bytes further along each row
-                    wgmma_64x256x16<BF16>(d, smem_descriptor(a_tile + kk * WGMMA_K * ELEM_BYTES),
-                                          smem_descriptor(b_tile + kk * WGMMA_K * ELEM_BYTES), kb > 0 || kk > 0);
+                    wgmma_64x256x16<BF16>(d, kmajor_descriptor(a_tile + kk * WGMMA_K * ELEM_BYTES),
+                                          kmajor_descriptor(b_tile + kk * WGMMA_K * ELEM_BYTES), kb > 0 || kk > 0);
                 wgmma_commit();
                 wgmma_wait<0>();                             // the tensor cores have finished reading slot s
-                pin_accumulators(d);
+                wgmma_pin(d);
                 if (lane == 0) mbar_arrive(smem_addr(&empty_bar[s]));
                 if (++s == STAGES) { s = 0; phase ^= 1; }
             }
@@ -466,28 +349,22 @@ DEVICE void gemm_abt(const TensorMap& map_a, const TensorMap& map_b, void* c, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: C = A B^T with float16 or bfloat16 A, B and a float32 or 16-bit C
+// Entry points: C = A B^T with float16 or bfloat16 A, B and a float32 or 16-bit C (OUT: float or u16)
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_f16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
-                    int M, int N, int K, int batch) {
-    gemm_abt<false, false>(map_a, map_b, c, M, N, K, batch);
-}
+#define HOPPER_GEMM_PARAMS(OUT)                                                                \
+    const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, OUT* c, \
+    int M, int N, int K, int batch
+#define HOPPER_GEMM_ARGS map_a, map_b, c, M, N, K, batch
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_bf16_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* c,
-                     int M, int N, int K, int batch) {
-    gemm_abt<true, false>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_f16_f32(HOPPER_GEMM_PARAMS(float)) {
+    gemm_abt<false, false>(HOPPER_GEMM_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_f16_f16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
-                    int M, int N, int K, int batch) {
-    gemm_abt<false, true>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_bf16_f32(HOPPER_GEMM_PARAMS(float)) {
+    gemm_abt<true, false>(HOPPER_GEMM_ARGS);
 }
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-hopper_gemm_bf16_bf16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, u16* c,
-                      int M, int N, int K, int batch) {
-    gemm_abt<true, true>(map_a, map_b, c, M, N, K, batch);
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_f16_f16(HOPPER_GEMM_PARAMS(u16)) {
+    gemm_abt<false, true>(HOPPER_GEMM_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) hopper_gemm_bf16_bf16(HOPPER_GEMM_PARAMS(u16)) {
+    gemm_abt<true, true>(HOPPER_GEMM_ARGS);
 }

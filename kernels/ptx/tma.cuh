@@ -1,0 +1,33 @@
+// ptx/tma.cuh -- the Tensor Memory Accelerator (sm_90): one thread asks for a whole box of a tensor in global memory;
+// TMA copies it into shared memory, swizzled as the tensor map says, and counts its bytes on an mbarrier.
+//
+//   TensorMap                               a CUtensorMap: 128 opaque bytes, 64-byte aligned, written on the host by
+//                                           the driver's cuTensorMapEncodeTiled (address, sizes, strides, box, swizzle)
+//   tma_load_3d(dst, map, c0, c1, c2, bar)  one thread: the box at (c0, c1, c2) -> shared address dst
+//   prefetch_tensor_map(map)                one thread: bring the map into the cache TMA reads it from
+//
+// A kernel takes each map as a `const __grid_constant__ TensorMap` parameter, which keeps it in parameter memory,
+// where TMA may read it. Announce the box's bytes on the mbarrier first (mbar_arrive_expect_tx, ptx/mbarrier.cuh).
+#ifndef COURSE_PTX_TMA_CUH
+#define COURSE_PTX_TMA_CUH
+
+#include "common.cuh"
+
+struct alignas(64) TensorMap {
+    u64 opaque[16];
+};
+
+// One box of a 3-D tensor, coordinates innermost first, into shared memory at dst (the shared-window address, aligned
+// as the swizzle needs: 1024 bytes for the 128-byte swizzle); its bytes complete_tx on the mbarrier bar. Parts of the
+// box outside the tensor arrive as zeros, and count. The map's generic address (parameter memory) is what TMA takes.
+DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+DEVICE void prefetch_tensor_map(const TensorMap& map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
+}
+
+#endif  // COURSE_PTX_TMA_CUH
