@@ -90,12 +90,12 @@ def test_new_arrays_of_the_same_shape(hopper, poison):
 def test_matches_cublas(hopper):
     """Against cuBLAS's gemmStridedBatchedEx on the same 16-bit inputs (both sum in float32)."""
     cp = hopper
-    from kernels.cublas.cublas_attention import _qk_gemm
+    from kernels.cublas.cublas_attention import qk_gemm
 
     a, b, _ = _inputs(cp, (4,), 256, 512, 128, "float16", seed=5)
     c = H.gemm_abt(a, b)
     ref = cp.empty_like(c)
-    _qk_gemm(a[None], b[None], ref[None], 1.0, False)
+    qk_gemm(a[None], b[None], ref[None], 1.0, False)
     assert float(cp.abs(c - ref).max()) <= 1e-3 * float(cp.abs(ref).max())
 
 
