@@ -18,3 +18,29 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skipped, by reason")
         for reason, n in reasons.most_common():
             terminalreporter.line(f"{n:5d}  {reason}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The GPU test grids: the default covers every kernel x dtype x boundary class (ragged lengths, Tq != Tk, rows that
+# see no key, large magnitudes, every error path) in minutes; `--full-grid` adds the exhaustive sweeps (every
+# sequence length and head size of each grid), which the GPU CI workflow runs on a schedule.
+# ---------------------------------------------------------------------------------------------------------
+
+def pytest_addoption(parser):
+    parser.addoption("--full-grid", action="store_true", default=False,
+                     help="also run the cases marked full_grid: the exhaustive GPU grids (minutes more on a GPU)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full_grid: a case of the exhaustive grid, run only with --full-grid")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full-grid", default=False):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("full_grid") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

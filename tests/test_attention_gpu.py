@@ -1,8 +1,9 @@
 """Every registered attention variant against the float64 reference, on the GPU.
 
 The grid covers sequence lengths that are and are not multiples of any tile, every head size the
-variant accepts from {16, 32, 64, 128}, causal and not, more and fewer queries than keys, B and H > 1,
-and large-magnitude inputs that overflow a softmax without max-subtraction. Outputs are poisoned (NaN)
+variant accepts from {16, 32, 64, 128}, causal and not, more and fewer queries than keys (rows that see no key
+under the causal mask), B and H > 1, and large-magnitude inputs that overflow a softmax without max-subtraction.
+By default three lengths per head size; `pytest --full-grid` runs every length of T_VALUES. Outputs are poisoned (NaN)
 before each launch, so an element a kernel does not write fails.
 """
 
@@ -35,13 +36,20 @@ def _skip_older_gpu(v):
         pytest.skip(f"{v.name} needs compute capability >= {v.min_cc[0]}.{v.min_cc[1]}; this GPU has {cc[0]}.{cc[1]}")
 
 
+# The default grid: one row (T=1), a length no tile divides (33) and several tiles with a ragged end (257), at every
+# head size; --full-grid adds the other lengths.
+T_DEFAULT = (1, 33, 257)
+
+
 def _cases():
     for name, T, d, causal in itertools.product(VARIANTS, T_VALUES, D_VALUES, [False, True]):
         v = VARIANTS_BY_NAME[name]
         if not v.accepts_d(d):
             continue
+        marks = () if T in T_DEFAULT else (pytest.mark.full_grid,)
         for dtype in v.dtypes:
-            yield pytest.param(name, dtype, T, T, d, causal, 1.0, id=f"{name}-{dtype}-T{T}-d{d}-{'causal' if causal else 'full'}")
+            yield pytest.param(name, dtype, T, T, d, causal, 1.0, marks=marks,
+                               id=f"{name}-{dtype}-T{T}-d{d}-{'causal' if causal else 'full'}")
     # ragged query/key lengths, decoding and large magnitudes
     for name in VARIANTS:
         v = VARIANTS_BY_NAME[name]
