@@ -438,7 +438,7 @@ def test_histogram_bracket_fall_back(gpu, poison, monkeypatch, shift, cluster):
     sample_threshold, 1 and 4 sample_cluster."""
     if cluster and not uses_clusters(gpu):
         pytest.skip("thread-block clusters need compute capability >= 9.0")
-    monkeypatch.setattr(SM, "DEFINES", SM.DEFINES + (f"-DHIST_SHIFT={shift}",))
+    monkeypatch.setattr(SM, "THRESHOLD_DEFINES", SM.THRESHOLD_DEFINES + (f"-DHIST_SHIFT={shift}",))
     monkeypatch.setattr(SM, "_CLUSTER_KERNELS", {})  # compiled and configured again with the define
     for V, rows, std, T, p in ((50257, 4, 1.0, 1.0, 0.9), (30001, 3, 2.0, 0.7, 0.5), (3001, 3, 1.0, 1.0, 0.99)):
         x = make_logits(rows, V, std=std, seed=V + shift)

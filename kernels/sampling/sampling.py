@@ -1,4 +1,5 @@
-"""Launcher for kernels/sampling/sampling.cu: the last step of decoding (logits -> tokens) and the beam-search step.
+"""Launcher for kernels/sampling/topk_lists.cu and threshold.cu: the last step of decoding (logits -> tokens) and the
+beam-search step.
 
     tokens = sample(logits, temperature=0.8, top_k=50, top_p=0.95, seed=1234, offset=step)
     tokens, probs = sample(logits, top_p=0.9, seed=1, return_probs=True)    # probs: the renormalised rows
@@ -28,12 +29,14 @@ Two ways to the same tokens (reference/sampling.py states the semantics both fol
                         HBM once into their shared memory and runs every pass there, the blocks adding their partial
                         sums through distributed shared memory. V <= about 815 000 (16 blocks of 199 KB).
                     sample_threshold: one block per row reading the logits from HBM on every pass.
-                    cluster_plan(rows, V, top_k, top_p) picks the kernel and CS from what was measured faster on an
-                    H100: the cluster kernel for plain sampling, for top-p up to SMs / 2 rows and for top-k up to
-                    about SMs / CS rows; sample_threshold for larger batches, older GPUs and longer rows.
+                    cluster_plan(rows, V, top_k, top_p) picks the kernel and CS: the cluster kernel for plain
+                    sampling, for top-p up to SMs / 2 rows and for top-k up to about SMs / CS rows; sample_threshold
+                    for larger batches, older GPUs and longer rows. Both live in threshold.cu.
     top_k_method="lists" (0 < top_k < V only): FasterTransformer's top-k, topk_stage1 (grid (rows, S)) + topk_sample<KB>
                     (one block per row): sorted lists in registers merged across blocks, then softmax, top-p and the
-                    draw on the k values. Reads the logits once.
+                    draw on the k values. Reads the logits once. topk_lists.cu.
+The beam step runs beam_lse (threshold.cu), then topk_stage1 and beam_stage2<KB> (topk_lists.cu); reorder_cache runs
+reorder_rows (topk_lists.cu). What was measured to choose all this: kernels/sampling/README.md.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ import numpy as np
 from ..core import (MAX_GRID_X, MAX_GRID_YZ, ceil_div, check_alignment, check_array, check_grid, cp, current_device,
                     defines_from, device_info, get_kernel, gpu_unavailable_reason, scalar)
 
-KERNEL_FILE = "sampling.cu"
+LISTS_FILE, THRESHOLD_FILE = "topk_lists.cu", "threshold.cu"
+KERNEL_FILES = (LISTS_FILE, THRESHOLD_FILE)
 WHAT = "sampling"
 DTYPES = ("float32",)
 TOPK_THREADS = 256
@@ -64,22 +68,30 @@ SLICE_TARGET_BYTES = 64 * 1024  # and for many rows until a block's slice is at 
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # blocks per cluster (one row per cluster); 16 is non-portable (opted in, probed)
 PORTABLE_CLUSTER = 8  # the largest cluster every sm_90 GPU runs
 CLUSTER_MIN_CC = (9, 0)  # thread-block clusters and distributed shared memory: Hopper
-GROUP_BYTES = 16  # a row is held as groups of four float32 from its alignment origin (see load4 in sampling.cu)
+GROUP_BYTES = 16  # a row is held as groups of four float32 from its alignment origin (see load4 in threshold.cu)
 KMAX = 64
 LIST_BUILDS = (16, 64)  # KB: per-thread list length of stage 2; the smallest >= k is used
 MAX_VOCAB = 1 << 24  # counts are float32 sums in sample_threshold: exact below 2^24
 ALIGN = 16
-DEFINES = defines_from(TOPK_THREADS=TOPK_THREADS, TOPK_EPT=TOPK_EPT, SAMPLE_THREADS=SAMPLE_THREADS, PIVOTS=PIVOTS,
-                       CAND_MAX=CAND_MAX, LOAD_UNROLL=LOAD_UNROLL, REORDER_THREADS=REORDER_THREADS,
-                       CLUSTER_THREADS=CLUSTER_THREADS, CLUSTER_CAND=CLUSTER_CAND, HIST_BINS=HIST_BINS)
-NAME_EXPRESSIONS = (tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
-                    + tuple(f"sample_cluster<{cs}>" for cs in CLUSTER_SIZES))
-NVRTC_BUILDS = [(NAME_EXPRESSIONS, DEFINES)]
+LIST_DEFINES = defines_from(TOPK_THREADS=TOPK_THREADS, TOPK_EPT=TOPK_EPT, REORDER_THREADS=REORDER_THREADS)
+THRESHOLD_DEFINES = defines_from(SAMPLE_THREADS=SAMPLE_THREADS, PIVOTS=PIVOTS, CAND_MAX=CAND_MAX,
+                                 LOAD_UNROLL=LOAD_UNROLL, CLUSTER_THREADS=CLUSTER_THREADS, CLUSTER_CAND=CLUSTER_CAND,
+                                 HIST_BINS=HIST_BINS)
+LIST_EXPRESSIONS = tuple(f"topk_sample<{kb}>" for kb in LIST_BUILDS) + tuple(f"beam_stage2<{kb}>" for kb in LIST_BUILDS)
+THRESHOLD_EXPRESSIONS = tuple(f"sample_cluster<{cs}>" for cs in CLUSTER_SIZES)
+NVRTC_BUILDS = {LISTS_FILE: [(LIST_EXPRESSIONS, LIST_DEFINES)],
+                THRESHOLD_FILE: [(THRESHOLD_EXPRESSIONS, THRESHOLD_DEFINES)]}
 U64 = 2**64
 
 
-def _kernel(name: str):
-    return get_kernel(KERNEL_FILE, name, name_expressions=NAME_EXPRESSIONS, defines=DEFINES)
+def _lists_kernel(name: str):
+    """A kernel of topk_lists.cu: topk_stage1, topk_sample<KB>, beam_stage2<KB>, reorder_rows."""
+    return get_kernel(LISTS_FILE, name, name_expressions=LIST_EXPRESSIONS, defines=LIST_DEFINES)
+
+
+def _threshold_kernel(name: str, **kw):
+    """A kernel of threshold.cu: sample_threshold, sample_cluster<CS>, beam_lse, philox_uniforms."""
+    return get_kernel(THRESHOLD_FILE, name, name_expressions=THRESHOLD_EXPRESSIONS, defines=THRESHOLD_DEFINES, **kw)
 
 
 # cuFuncGetAttribute / cuFuncSetAttribute attribute numbers (cuda.h, CUfunction_attribute)
@@ -97,8 +109,7 @@ def _cluster_kernel(cs: int, dev: int):
     cluster size."""
     conf = _CLUSTER_KERNELS.get((dev, cs))
     if conf is None:
-        kern = get_kernel(KERNEL_FILE, f"sample_cluster<{cs}>", name_expressions=NAME_EXPRESSIONS, defines=DEFINES,
-                          carveout=100)
+        kern = _threshold_kernel(f"sample_cluster<{cs}>", carveout=100)
         fn = kern.function(dev)
         static = cp.cuda.driver.funcGetAttribute(_ATTR_SHARED_SIZE_BYTES, fn.ptr)
         dynamic = device_info(dev).smem_optin - static
@@ -117,13 +128,10 @@ def cluster_plan(rows: int, V: int, top_k: int = 0, top_p: float = 1.0, dev: int
     """(cluster size, groups of four logits per block) that sample() uses for (rows, V) logits with this top_k and
     top_p on this GPU, or None where it runs the one-block kernel sample_threshold.
 
-    Which kernel (measured on an H100 80GB HBM3, batch 1 / 64 / 256 and V = 32000 / 128256 / 256000, each cluster
-    size against sample_threshold: `python3 -m kernels.bench.sampling --cluster N`): sample_cluster is faster for
-    plain sampling at every batch; for top-p while rows <= SMs / 2; for top-k while rows * (the smallest cluster that
-    holds a row) <= SMs. Beyond those the one-block kernel is faster: every cluster block holds a slice of one row,
-    so only a few rows fit on the GPU at a time, and each pays its passes, cluster barriers and the candidate sort one
-    after the other. sample_threshold also runs on GPUs older
-    than sm_90 and for rows too long for 16 blocks' shared memory.
+    Which kernel: sample_cluster for plain sampling at every batch; for top-p while rows <= SMs / 2; for top-k while
+    rows * (the smallest cluster that holds a row) <= SMs; sample_threshold beyond those (every cluster block holds
+    a slice of one row, so only a few rows fit on the GPU at a time), on GPUs older than sm_90 and for rows too long
+    for 16 blocks' shared memory. The measurements behind these limits: kernels/sampling/README.md.
     Which size: the smallest cluster that holds the row; for a few rows, wider while rows * size <= SMs and each block
     keeps MIN_BLOCK_GROUPS groups; and at least the size whose slices are at most SLICE_TARGET_BYTES (two blocks an
     SM)."""
@@ -217,7 +225,7 @@ def _stage1(logits, k):
     check_grid(S, WHAT + " topk_stage1", MAX_GRID_YZ, axis="y")
     pv = cp.empty((rows, S, k), dtype=cp.float32)
     pi = cp.empty((rows, S, k), dtype=cp.int32)
-    _kernel("topk_stage1")((rows, S), (TOPK_THREADS,), (logits, scalar(np.int32, V), scalar(np.int32, k), pv, pi))
+    _lists_kernel("topk_stage1")((rows, S), (TOPK_THREADS,), (logits, scalar(np.int32, V), scalar(np.int32, k), pv, pi))
     return pv, pi, S
 
 
@@ -248,7 +256,7 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=0, offset=0, ret
     inv_t = scalar(np.float32, 1.0 / t)
     if k > 0 and top_k_method == "lists":
         pv, pi, S = _stage1(logits, k)
-        _kernel(f"topk_sample<{list_build(k)}>")(
+        _lists_kernel(f"topk_sample<{list_build(k)}>")(
             (check_grid(rows, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
             (pv, pi, np.int32(S), np.int32(V), np.int32(k), inv_t, np.float32(p), np.uint64(seed), np.uint64(offset),
              tokens, null, null, probs if probs is not None else null))
@@ -272,8 +280,8 @@ def sample(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=0, offset=0, ret
             _CLUSTER_PLANS.clear()
             plan = cluster_plan(rows, V, k, p, dev)
     else:
-        _kernel("sample_threshold")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,),
-                                    (logits, np.int32(V)) + args)
+        _threshold_kernel("sample_threshold")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,),
+                                              (logits, np.int32(V)) + args)
     return (tokens, probs) if return_probs else tokens
 
 
@@ -289,7 +297,7 @@ def top_k(logits, k: int):
     values = cp.empty((rows, k), dtype=cp.float32)
     indices = cp.empty((rows, k), dtype=cp.int32)
     tokens = cp.empty((rows,), dtype=cp.int32)
-    _kernel(f"topk_sample<{list_build(k)}>")(
+    _lists_kernel(f"topk_sample<{list_build(k)}>")(
         (check_grid(rows, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
         (pv, pi, np.int32(S), np.int32(V), np.int32(k), np.float32(1.0), np.float32(1.0), np.uint64(0), np.uint64(0),
          tokens, values, indices, np.uintp(0)))
@@ -314,12 +322,12 @@ def beam_step(logits, cum_logprobs, beam: int):
     if cum_logprobs.size != rows or cum_logprobs.shape not in ((B, beam), (rows,)):
         raise ValueError(f"cum_logprobs must be ({B}, {beam}) or ({rows},); got {cum_logprobs.shape}")
     lse = cp.empty((rows,), dtype=cp.float32)
-    _kernel("beam_lse")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,), (logits, np.int32(V), lse))
+    _threshold_kernel("beam_lse")((check_grid(rows, WHAT, MAX_GRID_X),), (SAMPLE_THREADS,), (logits, np.int32(V), lse))
     pv, pi, S = _stage1(logits, beam)
     scores = cp.empty((B, beam), dtype=cp.float32)
     parent = cp.empty((B, beam), dtype=cp.int32)
     token = cp.empty((B, beam), dtype=cp.int32)
-    _kernel(f"beam_stage2<{list_build(beam)}>")(
+    _lists_kernel(f"beam_stage2<{list_build(beam)}>")(
         (check_grid(B, WHAT, MAX_GRID_X),), (TOPK_THREADS,),
         (pv, pi, cum_logprobs, lse, np.int32(S), np.int32(V), np.int32(beam), scores, parent, token))
     return scores, parent, token
@@ -355,8 +363,8 @@ def reorder_cache(cache, parent, *, out=None):
     chunks = row_bytes // 16
     total = rows * chunks
     grid = max(1, min(ceil_div(total, REORDER_THREADS), 65536))
-    _kernel("reorder_rows")((grid,), (REORDER_THREADS,),
-                            (cache, out, parent, np.int32(beam), np.int64(rows), np.int64(chunks)))
+    _lists_kernel("reorder_rows")((grid,), (REORDER_THREADS,),
+                                  (cache, out, parent, np.int32(beam), np.int64(rows), np.int64(chunks)))
     return out
 
 
@@ -367,7 +375,8 @@ def philox_uniforms(n: int, seed: int = 0, offset: int = 0):
     seed = _check_int(seed, "seed", 0, U64)
     offset = _check_int(offset, "offset", 0, U64)
     out = cp.empty((n,), dtype=cp.float32)
-    _kernel("philox_uniforms")((ceil_div(n, 256),), (256,), (out, np.uint64(seed), np.uint64(offset), np.int32(n)))
+    _threshold_kernel("philox_uniforms")((ceil_div(n, 256),), (256,),
+                                         (out, np.uint64(seed), np.uint64(offset), np.int32(n)))
     return out
 
 

@@ -1,125 +1,69 @@
-// sampling.cu -- the last step of decoding: logits (rows, V) float32 -> one token per row, and the beam-search step.
+// threshold.cu -- sampling without sorting the row: logits (rows, V) float32 -> one token per row through temperature,
+// top-k and top-p, by a threshold found in a few passes. One block per row (sample_threshold), or on Hopper a cluster
+// of blocks per row that reads the row from HBM once (sample_cluster<CS>). Also the beam step's log-sum-exp and the
+// Philox uniforms themselves.
 //
 // What it computes (reference/sampling.py states the same in float64)
-//   temperature T, softmax, top-k (a prefix of the ranking: larger logit first, ties by the lower index), top-p (the
-//   shortest prefix of the ranking whose mass reaches p; the crossing token is kept), in the order
-//   temperature -> top-k -> top-p -> renormalise -> sample. Sampling is an inverse CDF in VOCABULARY order with a
-//   uniform u from Philox4x32-10 (key = seed, counter = (row, 0, offset)), so a seed gives the same u on CPU and GPU.
-//   The beam step: the K best of cum[row] + log_softmax(logits[row]) over the K rows of a sequence.
+//   temperature T -> softmax -> top-k (a prefix of the ranking: larger logit first, ties by the lower index) -> top-p
+//   (the shortest prefix of the ranking whose mass reaches p; the crossing token is kept) -> renormalise -> draw: the
+//   inverse CDF in VOCABULARY order at u * (kept mass), u = Philox4x32-10(key = seed, counter = (row, 0, offset)).
+//   The kept set is every x > v* and the first r logits equal to v* (by index): only v* and r are searched for.
 //
+// Algorithm (sample_threshold: the row read a few times with 16-byte loads, LOAD_UNROLL in flight per thread)
+//   1. pass 1      M = max, mn = smallest finite logit, Z = sum exp((x - M) / T), online per thread      row_stats
+//   2. top-k       a lower bound of the k-th logit from the threads' own maxima (no pass): the k-th largest of each
+//                  warp's 4 largest thread maxima; every logit at or above it is gathered (3)          kth_max_bound
+//      top-p       one pass adds each logit's mass, in 32-bit fixed point, to one of HIST_BINS equal bins over
+//                  [mn, M]; the bins around p * Z bracket the crossing logit v*, checked at the gather   top_p_kept
+//      fall-back   pivot rounds: PIVOTS values over [lo, hi] count (top-k) or weigh (top-p) the logits above them;
+//                  the pivot where that reaches k (or p * Z) narrows [lo, hi] 8 times, until at most CAND_MAX
+//                  logits are left or lo = hi (1 to 3 rounds on real logits)                                bracket
+//   3. gather      the candidates to shared memory, bitonic sort (value desc, index asc). top-k: the first k ARE
+//                  the top k; softmax, top-p and the draw on them, no further pass (topk_kept, draw_kept). top-p: a
+//                  scan of their masses over the mass above them gives v* and r                     crossing_scan
+//   4. sample      one pass in index order: a block scan of (mass of x > v*, count of x == v*) per tile; the thread
+//                  whose group crosses u * (kept mass) walks it; with probs, the renormalised row    sample_pass
+//   sample_cluster<CS> runs the same steps on a cluster of CS blocks: block `rank` holds a contiguous slice of the row
+//   in shared memory (cp.async, once) and every pass reads it there; the blocks add their partials through distributed
+//   shared memory in rank order (mapa + ld.shared::cluster, one barrier.cluster per exchange), so every block holds the
+//   same totals to the bit; histogram bins add up as integers (red.shared::cluster.add). Its sampling pass: each warp
+//   sums its segment, one warp scans the cluster's segments, the warp whose segment crosses walks it.
+//
+// Layouts: logits (rows, V) float32 C-contiguous; tokens int32 (rows,); probs (rows, V) float32; lse (rows,) float32.
+// Launch (kernels/sampling/sampling.py)
+//   sample_threshold, beam_lse  grid rows, block SAMPLE_THREADS; static shared memory only (about 35 KB)
+//   sample_cluster<CS>  grid rows * CS (blocks r * CS .. r * CS + CS - 1 hold row r; cluster dims (CS, 1, 1) compiled
+//                       in), block CLUSTER_THREADS, dynamic shared memory slice_groups * 16 bytes, slice_groups =
+//                       ceil(ceil((V + 3) / 4) / CS), opted in up to the per-block limit minus the 27 to 35 KB static
+//                       (about 199 KB on an H100); CS = 16 is non-portable (opted in). sampling.cluster_plan picks CS.
+//   philox_uniforms     grid ceil(n / 256), block 256
 // Kernels
-//   topk_stage1   FasterTransformer's top-k, stage 1. Grid (rows, S), S = ceil((V + 3) / SLICE), block TOPK_THREADS.
-//                 A block owns SLICE = TOPK_THREADS * TOPK_EPT logits of a row; each thread keeps the TOPK_EPT it
-//                 loads as a sorted list in registers (insertion, fully unrolled: constant register indices), then
-//                 the block merges the lists: k rounds of a block-wide arg-max over the list heads, the winner
-//                 popping its head (a shift of its registers). Writes the slice's top k (value, index) to a partial.
-//   topk_sample<KB> stage 2, one block per row (sample(..., top_k_method="lists")): the S * k partial candidates,
-//                 read strided into per-thread sorted lists of KB (KB >= k) and merged the same way -> the row's
-//                 top k, sorted. Then, on those k values:
-//                 softmax with T, top-p within them, the inverse CDF in index order with the Philox uniform. Optional
-//                 outputs: the top-k values and indices (the top-k kernel of the course), the renormalised row.
-//   sample_threshold  one block (SAMPLE_THREADS) per row, no sort of the row, the logits read a few times with
-//                 16-byte loads (LOAD_UNROLL in flight per thread; groups of four from the row's alignment origin):
-//                   pass 1      max M, smallest finite logit, Z = sum exp((x - M) / T) (online, per thread)
-//                   top-k bound (top-k only) a lower bound of the k-th logit from the threads' own maxima, no pass:
-//                               the k-th largest of each warp's 4 largest thread maxima (kth_max_bound). Usually only
-//                               a few more than k logits reach it, so the gather below follows at once; more than
-//                               CAND_MAX (many equal logits) start the search from it.
-//                   histogram   (top-p) one pass adds each logit's mass, in 32-bit fixed point, to one of HIST_BINS
-//                               bins of equal width over [min, M]; the bins around p * Z bracket the crossing logit v*
-//                               (usually one bin: a few dozen to a few hundred logits); the gather checks the bracket
-//                               (see "The top-p histogram round" below) and falls back to the search where it fails
-//                   search      (top-k's fall-back, top-p's) the crossing logit v* lies in [lo, hi]; one pass counts,
-//                               for PIVOTS logits spread evenly over [lo, hi], the number (top-k) or the mass (top-p)
-//                               of the logits above each; the pivot where that first reaches k (or p * Z) brackets v* 8
-//                               times tighter. Repeat until at most CAND_MAX logits are left (1 to 3 rounds for real
-//                               logits) or lo = hi.
-//                   gather      the logits of the bracket go to shared memory, sorted by a bitonic sort (value desc,
-//                               index asc). top-k: every logit >= lo (the bound, or the search's lo) is gathered, so
-//                               the first k sorted ARE the top k;
-//                               softmax and top-p on those k, then the draw among them (no further pass). top-p: a scan
-//                               of their masses on top of the mass above hi gives v* and r, the number of logits equal
-//                               to v* that are kept (the first r by index).
-//                   sample      (top-p, plain, or a top-k cut inside a run of equal logits) one pass in index order:
-//                               a block scan of (mass of x > v*, count of x == v*) per tile gives the kept mass up to
-//                               each thread; the thread whose group crosses u * Z_kept walks it. With probs, the
-//                               renormalised row is written in the same pass.
-//   sample_cluster<CS>  sample_threshold's algorithm with the row read from HBM ONCE (sm_90). A thread-block cluster of
-//                 CS blocks (CLUSTER_THREADS each) per row; block `rank` copies its contiguous slice of the row's
-//                 16-byte groups into dynamic shared memory (cp.async, all in flight) and every pass (max / min / Z,
-//                 the histogram or the pivot rounds, the gather, the sampling pass, the probs write) reads shared
-//                 memory. After each pass the blocks exchange partial sums through distributed shared memory (mapa +
-//                 ld.shared::cluster, one barrier.cluster per exchange); every block adds all CS partials in rank order,
-//                 so all hold the same totals to the bit and take the same decisions. The histogram's bins are added
-//                 across the cluster as integers (red.shared::cluster.add), so their order does not matter either. The gather: each block collects its logits of
-//                 the bracket, then every block copies all of them and sorts them (CLUSTER_CAND at most). The sampling
-//                 pass: each warp sums its segment of the slice (mass above v*, ties at v*); one warp per block scans
-//                 the cluster's CS * NW segments in index order, and the one warp whose segment crosses u * Z_kept
-//                 walks it (a warp scan per 32 groups). With probs, every warp walks its segment and writes it.
-//   beam_lse      one block per row: lse = M + log sum exp(x - M) (sample_threshold's pass 1).
-//   beam_stage2<KB> one block per sequence: the K * S * K candidates of topk_stage1 over its K rows, scored
-//                 cum[row] + x - lse[row], merged into the K best; writes score, parent beam, token.
-//   reorder_rows  the KV cache after a beam step: dst row n = src row (n / K) * K + parent[n] (16-byte chunks).
-//   philox_uniforms  the uniforms u(seed, row, offset) themselves (the tests compare their bits with NumPy's).
+//   sample_threshold(logits, V, inv_t, top_k, top_p, seed, offset, tokens, probs)
+//   sample_cluster<CS>(logits, V, slice_groups, inv_t, top_k, top_p, seed, offset, tokens, probs)
+//     inv_t = 1 / temperature; top_k = 0 (or >= the number of finite logits): no top-k; top_p >= 1: no top-p; probs ==
+//     nullptr: no renormalised row, else the whole row is written. slice_groups: groups of 4 logits a block holds.
+//   beam_lse(logits, V, lse)                  lse = M + log sum exp(x - M) (pass 1 alone)
+//   philox_uniforms(out, seed, offset, n)     out[i] = u(seed, row i, offset), the uniforms the rows draw
 //
-// Launch (kernels/sampling/sampling.py): topk_stage1 grid (rows, S), S = ceil((V + 3) / SLICE) (+3: a row's groups start up to
-//   3 positions before it), block TOPK_THREADS; topk_sample<KB> grid rows and beam_stage2<KB> grid B, block
-//   TOPK_THREADS, KB = 16 for k <= 16, else 64; sample_threshold and beam_lse grid rows, block SAMPLE_THREADS;
-//   reorder_rows grid min(ceil(rows * chunks_per_row / REORDER_THREADS), 65536). sample_cluster<CS>: grid rows * CS
-//   (the cluster dims (CS, 1, 1) are compiled in; the blocks of row r are r * CS .. r * CS + CS - 1), block
-//   CLUSTER_THREADS, dynamic shared memory slice_groups * 16 bytes with slice_groups = ceil(ceil((V + 3) / 4) / CS),
-//   opted in up to the GPU's per-block limit minus the static 27 to 35 KB (about 199 KB on an H100); CS = 16 is
-//   non-portable (the launcher opts in). sampling.cluster_plan picks CS and which kernel runs. Static shared memory
-//   otherwise (about 35 KB in sample_threshold, 16 KB of it the histogram). Registers (nvcc, sm_90): sample_threshold 64 (the cap at 1024 threads), sample_cluster
-//   60 to 64 (the cap for two blocks of 512 an SM), topk_stage1 48, topk_sample<64> and beam_stage2<64> about 155; no
-//   spills.
-// Layouts: logits (rows, V) float32 C-contiguous; partial_v/partial_i (rows, S, k); tokens int32 (rows,);
-//   probs (rows, V) float32; cum, lse (rows,) float32; beam outputs (B, K). A KV cache to reorder is (rows, ...) with
-//   row_bytes a multiple of 16.
+// Requirements: sm_80 (cp.async); sample_cluster sm_90 (compiled for an older GPU its body is a trap). Includes
+//   ptx/cp_async.cuh (and through it ptx/common.cuh): copy kernels/ptx/ with this file.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/sampling/threshold.cu -o threshold.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "sample_cluster<1>" "sample_cluster<2>" "sample_cluster<4>" "sample_cluster<8>" "sample_cluster<16>"
+// Host-side example: kernels/examples/sampling_host.cu (top-p with sample_threshold, checked on the CPU).
 //
-// Limits: k <= KMAX = 64. The lists need k registers per thread (a larger k: FasterTransformer moves to other selects);
-//   sample_threshold's count search works for any k, but its gather and its serial top-p over the k survivors are
-//   sized for k <= KMAX (a larger k: a block scan over the gathered candidates, and CAND_MAX >= k). V <= 2^24 (counts
-//   are float32 sums, exact below). NaN logits are skipped like -inf; a row without a finite logit, or with a +inf
-//   logit, gives token 0 (and zero probabilities); indices read from memory (partials, parents) are clamped, so no
-//   input reads or writes out of bounds.
-//   |logit| < 1e37 (the pivot arithmetic); the search stops after MAX_ROUNDS rounds (never reached by finite logits
-//   of a sane range) and then treats [lo, hi] as ties at hi.
-//   sample_cluster: sm_90 and newer (compiled for an older GPU its body is a trap; the launcher never runs it there),
-//   and a row must fit the cluster's shared memory: ceil((V + 3) / 4) / CS groups of 16 bytes per block, so
-//   V <= about 815 000 at CS = 16 on an H100; longer rows run sample_threshold.
-// Numerics: float32; every weight is wexp(d) = exp2f(d * log2 e) (see wexp). The GPU's kept set and token equal the
-//   float64 reference's except where a cumulative mass lies within float32 rounding of p * Z or of u * Z_kept.
-// What the next version improves: sample_cluster reads the row once, but its time per row is a chain of short steps,
-//   each behind a barrier (pass 1, the histogram or the pivot rounds, the gather and sort, the sampling pass).
-//   CLUSTER_CAND = 512 keeps the candidate sort short (10 of its 45 bitonic steps cross warps) and the static shared
-//   memory small. A crossing value with more than CLUSTER_CAND ties (bf16 logits) misses the histogram's check and costs
-//   pivot rounds until lo = hi (about 8); a round that also finds the min and max inside the bracket would stop there.
-//   History, measured on an H100 (batch 1, V = 128256, top-p 0.9, sample_cluster<16>): with four pivot rounds a call
-//   took 45 us (clock64 stamps of one block: load 1 us, pass 1 6, rounds 15, gather and sort of 89 candidates 12,
-//   sampling pass 4); the histogram round in their place took it to 37 us, and wexp (exp2f where expf was) to 34 us.
-//   Then the gather and sort, 12.6 us of it: the copy of the cluster's candidates walked the blocks one after the
-//   other (two dependent remote loads per block and thread, 5.1 us), and the sort took a barrier per bitonic step
-//   (5.0 us). One remote load pair per candidate, all in flight, and the in-warp steps as shuffles: 0.7 and 3.0 us, and
-//   the call 27 us. At batch 64, V = 256000 (1024 blocks of about 93 KB, two an SM, at most 14 clusters of 16 resident:
-//   five waves) the same change, with the histogram's copy-back of the cluster's bins also kept in flight, took the call
-//   from 236 to 196 us; a block's steps there (stamped before that copy-back change): load 2.2 us, pass 1 7.2,
-//   histogram 7.7 (4 of it the exchange and copy of the bins), bracket 1.5, gather and sort 10.9, crossing 2.1,
-//   sampling pass 4.1.
-//   Tried and not kept: histogram rounds with a 64-bit fixed-point mass per bin (the 64-bit shared-memory atomics
-//   compile to compare-and-swap loops, slower at batch 64 and 256); a 2048-bin histogram (at V = 256000 a bin near the
-//   crossing holds more than CLUSTER_CAND logits, so the check fails and the rounds run anyway); the cluster kernel
-//   reading its slice from memory on every pass instead of holding it (within a few percent of holding the row in
-//   more blocks at batch 64, slower elsewhere); the mass sums of the histogram's gather carried on the gather's own
-//   cluster barrier (no change). Next: pass 1 and the histogram read the same values (a histogram keyed to each
-//   block's own max could be filled during pass 1); pass 1's per-block combine runs on one thread; bf16/fp16 logits.
+// Limits: top_k <= KMAX = 64 (the gather and the serial top-p over the k are sized for it); V <= 2^24 (counts are
+//   float32 sums); |logit| < 1e37 (the pivot arithmetic); after MAX_ROUNDS pivot rounds (never reached by finite
+//   logits of a sane range) [lo, hi] counts as ties at hi. NaN logits are skipped like -inf; a row without a finite
+//   logit, or with +inf, gives token 0 and zero probabilities. sample_cluster: a row must fit the cluster's shared
+//   memory (V <= about 815 000 at CS = 16 on an H100); longer rows run sample_threshold.
+// Numerics: float32; every weight is wexp(d) = exp2f(d * log2 e). The kept set and token equal the float64
+//   reference's except where a cumulative mass lies within float32 rounding of p * Z or of u * (kept mass).
+// Notes (what was tried and measured): kernels/sampling/README.md.
 
-#ifndef TOPK_THREADS
-#define TOPK_THREADS 256
-#endif
-#ifndef TOPK_EPT
-#define TOPK_EPT 16
-#endif
+#include "ptx/cp_async.cuh"
+
 #ifndef SAMPLE_THREADS
 #define SAMPLE_THREADS 1024
 #endif
@@ -135,9 +79,6 @@
 #ifndef LOAD_UNROLL
 #define LOAD_UNROLL 4
 #endif
-#ifndef REORDER_THREADS
-#define REORDER_THREADS 256
-#endif
 #ifndef CLUSTER_THREADS
 #define CLUSTER_THREADS 512
 #endif
@@ -151,7 +92,6 @@
 #define HIST_SHIFT 0  // tests only: moves the histogram's bracket by this many bins, so that its fall-back runs
 #endif
 
-#define SLICE (TOPK_THREADS * TOPK_EPT)
 #ifndef INFINITY  // NVRTC has no <math.h>
 #define INFINITY __int_as_float(0x7f800000)
 #endif
@@ -159,11 +99,10 @@
 #define KMAX 64
 #define BIG_INDEX 0x7fffffff
 
-static_assert(TOPK_THREADS % 32 == 0 && TOPK_THREADS <= 1024, "TOPK_THREADS: whole warps");
 static_assert(SAMPLE_THREADS % 32 == 0 && SAMPLE_THREADS <= 1024, "SAMPLE_THREADS: whole warps");
 static_assert((CAND_MAX & (CAND_MAX - 1)) == 0 && CAND_MAX == 2 * SAMPLE_THREADS, "bitonic sort: one pair per thread");
 static_assert(PIVOTS >= 1 && PIVOTS <= 31, "PIVOTS: registers");
-static_assert(TOPK_EPT % 4 == 0 && LOAD_UNROLL >= 1, "16-byte groups");
+static_assert(LOAD_UNROLL >= 1, "16-byte loads in flight");
 static_assert(CLUSTER_THREADS % 32 == 0 && CLUSTER_THREADS <= 1024, "CLUSTER_THREADS: whole warps");
 static_assert((CLUSTER_CAND & (CLUSTER_CAND - 1)) == 0 && CLUSTER_CAND >= 4 * KMAX,
               "CLUSTER_CAND: a power of two (the bitonic sort), room for the top k and more");
@@ -172,8 +111,21 @@ static_assert((HIST_BINS & (HIST_BINS - 1)) == 0 && HIST_BINS % SAMPLE_THREADS =
               "HIST_BINS: a power of two, whole bins per thread of either kernel, and split evenly over 16 blocks");
 
 // ---------------------------------------------------------------------------------------------------------------
-// Philox4x32-10: counter (row, 0, offset_lo, offset_hi), key (seed_lo, seed_hi); u = top 24 bits of word 0 * 2^-24.
+// What topk_lists.cu and threshold.cu share, in the same words in both (tests/test_sampling_files.py keeps the two
+// copies equal): the weight of a logit, the ranking, the Philox uniform, top-p on a ranked prefix, 16-byte row loads.
 // ---------------------------------------------------------------------------------------------------------------
+
+// The weight e^d of a logit, d = (x - M) * inv_t, as 2^(d * log2 e): exp2f is one MUFU.EX2 and a few instructions where
+// expf first reduces its argument. Rounding d * log2 e to float32 moves the weight by at most |d| * 2^-24 relative (a
+// millionth for the weights that matter, d > -20); every weight, sum and comparison in this file uses this one formula.
+__device__ __forceinline__ float wexp(float d) { return exp2f(d * 1.4426950408889634f); }
+
+// a ranks before b: larger value first, ties by the lower index
+__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+// Philox4x32-10: counter (row, 0, offset_lo, offset_hi), key (seed_lo, seed_hi); u = top 24 bits of word 0 * 2^-24.
 __device__ __forceinline__ float philox_uniform(unsigned long long seed, unsigned int row, unsigned long long offset) {
     unsigned int c0 = row, c1 = 0u, c2 = (unsigned int)offset, c3 = (unsigned int)(offset >> 32);
     unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
@@ -188,6 +140,40 @@ __device__ __forceinline__ float philox_uniform(unsigned long long seed, unsigne
     return (float)(c0 >> 8) * (1.0f / 16777216.0f);
 }
 
+// top-p on k masses in ranking order (k <= 64, one thread): how many the shortest prefix whose sum reaches
+// top_p * their total holds (all k for top_p >= 1).
+__device__ __forceinline__ int top_p_prefix(const float* w, int k, float top_p) {
+    if (top_p >= 1.0f) return k;
+    float total = 0.f;
+    for (int j = 0; j < k; ++j) total += w[j];
+    const float target = top_p * total;
+    float cum = 0.f;
+    for (int j = 0; j < k; ++j) {
+        cum += w[j];
+        if (cum >= target) return j + 1;
+    }
+    return k;
+}
+
+// Reading a row with 16-byte loads. Row r starts at logits + r * V, 16-byte aligned only when V % 4 == 0, so groups
+// of four start at the row's alignment origin o in (-4, 0]: group g holds x[o + 4g .. o + 4g + 3]; the first and the
+// last group may stick out of the row, and those positions read as -inf.
+__device__ __forceinline__ int align_origin(const float* x) {
+    return -(int)((reinterpret_cast<unsigned long long>(x) & 15ull) >> 2);
+}
+
+__device__ __forceinline__ void load4(const float* __restrict__ x, int V, int i0, float (&v)[4]) {
+    if (i0 >= 0 && i0 + 4 <= V) {
+        const float4 t = __ldg(reinterpret_cast<const float4*>(x + i0));
+        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = (i0 + e >= 0 && i0 + e < V) ? __ldg(x + i0 + e) : -INFINITY;
+    }
+}
+// (end of what topk_lists.cu and threshold.cu share)
+
+// philox_uniforms: out[i] = u(seed, i, offset), the uniforms rows 0 .. n - 1 draw (the tests compare their bits).
 extern "C" __global__ void philox_uniforms(float* __restrict__ out, unsigned long long seed, unsigned long long offset,
                                            int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -195,18 +181,8 @@ extern "C" __global__ void philox_uniforms(float* __restrict__ out, unsigned lon
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Small helpers: the ranking order, warp and block reductions.
+// Warp and block reductions, and a pass over the row.
 // ---------------------------------------------------------------------------------------------------------------
-// The weight e^d of a logit, d = (x - M) * inv_t, as 2^(d * log2 e): exp2f is one MUFU.EX2 and a few instructions where
-// expf first reduces its argument. Rounding d * log2 e to float32 moves the weight by at most |d| * 2^-24 relative (a
-// millionth for the weights that matter, d > -20); every weight, sum and comparison in this file uses this one formula.
-__device__ __forceinline__ float wexp(float d) { return exp2f(d * 1.4426950408889634f); }
-
-// a ranks before b: larger value first, ties by the lower index
-__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
-    return va > vb || (va == vb && ia < ib);
-}
-
 __device__ __forceinline__ float warp_reduce(float v) {  // sum
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -257,25 +233,6 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     return v;
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Reading a row with 16-byte loads. Row r starts at logits + r * V, 16-byte aligned only when V % 4 == 0, so groups
-// of four start at the row's alignment origin o in (-4, 0]: group g holds x[o + 4g .. o + 4g + 3]; the first and the
-// last group may stick out of the row, and those positions read as -inf.
-// ---------------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ int align_origin(const float* x) {
-    return -(int)((reinterpret_cast<unsigned long long>(x) & 15ull) >> 2);
-}
-
-__device__ __forceinline__ void load4(const float* __restrict__ x, int V, int i0, float (&v)[4]) {
-    if (i0 >= 0 && i0 + 4 <= V) {
-        const float4 t = __ldg(reinterpret_cast<const float4*>(x + i0));
-        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = (i0 + e >= 0 && i0 + e < V) ? __ldg(x + i0 + e) : -INFINITY;
-    }
-}
-
 // f(value, index) for every position of the row's groups (LOAD_UNROLL 16-byte loads in flight per thread); positions
 // outside [0, V) come with the value -inf.
 template <int NT, typename F>
@@ -293,199 +250,6 @@ __device__ __forceinline__ void for_each_logit(const float* __restrict__ x, int 
     }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Per-thread sorted lists in registers and their block-wide merge (FasterTransformer's top-k).
-// ---------------------------------------------------------------------------------------------------------------
-template <int L>
-struct TopList {
-    float v[L];
-    int i[L];
-    __device__ __forceinline__ void init() {
-#pragma unroll
-        for (int j = 0; j < L; ++j) { v[j] = -INFINITY; i[j] = BIG_INDEX; }
-    }
-    // insert (x, idx) if it ranks before the last entry: one bubble pass from the end (constant indices only)
-    __device__ __forceinline__ void insert(float x, int idx) {
-        if (!ranks_before(x, idx, v[L - 1], i[L - 1])) return;
-        v[L - 1] = x; i[L - 1] = idx;
-#pragma unroll
-        for (int j = L - 1; j > 0; --j) {
-            if (ranks_before(v[j], i[j], v[j - 1], i[j - 1])) {
-                const float tv = v[j]; v[j] = v[j - 1]; v[j - 1] = tv;
-                const int ti = i[j]; i[j] = i[j - 1]; i[j - 1] = ti;
-            }
-        }
-    }
-    __device__ __forceinline__ void pop() {
-#pragma unroll
-        for (int j = 0; j < L - 1; ++j) { v[j] = v[j + 1]; i[j] = i[j + 1]; }
-        v[L - 1] = -INFINITY; i[L - 1] = BIG_INDEX;
-    }
-};
-
-// k rounds of a block-wide arg-max over the threads' list heads; the winner pops. out_v/out_i (shared, k entries)
-// get the block's top k in ranking order. red: 2 * 2 * 32 words (double-buffered per round: one barrier per round).
-template <int NT, int L>
-__device__ void block_merge(TopList<L>& list, int k, float* out_v, int* out_i, float* red_v, int* red_i) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int r = 0; r < k; ++r) {
-        float bv = list.v[0];
-        int bi = list.i[0];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ranks_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        const int buf = (r & 1) * 32;
-        if (lane == 0) { red_v[buf + warp] = bv; red_i[buf + warp] = bi; }
-        __syncthreads();
-        bv = lane < NT / 32 ? red_v[buf + lane] : -INFINITY;
-        bi = lane < NT / 32 ? red_i[buf + lane] : BIG_INDEX;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ranks_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        // (bv, bi) is unique: indices differ, so exactly one thread holds it at its head (sentinels aside)
-        if (list.i[0] == bi && list.v[0] == bv && bi != BIG_INDEX) list.pop();
-        if (threadIdx.x == 0) { out_v[r] = bv; out_i[r] = bi; }
-    }
-    __syncthreads();
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// topk_stage1: the top k (k <= KMAX) of each SLICE of a row. grid (rows, S), block TOPK_THREADS.
-// ---------------------------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-topk_stage1(const float* __restrict__ logits, int V, int k, float* __restrict__ partial_v, int* __restrict__ partial_i) {
-    __shared__ float out_v[64];
-    __shared__ int out_i[64];
-    __shared__ float red_v[64];
-    __shared__ int red_i[64];
-    const int S = gridDim.y, s = blockIdx.y;
-    const long long row = blockIdx.x;
-    const float* x = logits + row * V;
-    const int start = align_origin(x) + s * SLICE;  // slices of whole 16-byte groups (see load4)
-    // ---- load this thread's TOPK_EPT logits (TOPK_EPT / 4 16-byte loads, all issued before any is used), sort ----
-    float vals[TOPK_EPT];
-#pragma unroll
-    for (int g = 0; g < TOPK_EPT / 4; ++g) {
-        float v4[4];
-        load4(x, V, start + 4 * (g * TOPK_THREADS + (int)threadIdx.x), v4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) vals[4 * g + e] = v4[e];
-    }
-    TopList<TOPK_EPT> list;
-    list.init();
-#pragma unroll
-    for (int e = 0; e < TOPK_EPT; ++e) {
-        const int idx = start + 4 * ((e / 4) * TOPK_THREADS + (int)threadIdx.x) + e % 4;
-        if (idx >= 0 && idx < V) list.insert(vals[e], idx);
-    }
-    // ---- merge across the block ----
-    block_merge<TOPK_THREADS, TOPK_EPT>(list, k, out_v, out_i, red_v, red_i);
-    if (threadIdx.x < k) {
-        const long long o = (row * S + s) * k + threadIdx.x;
-        partial_v[o] = out_v[threadIdx.x];
-        partial_i[o] = out_i[threadIdx.x];
-    }
-}
-
-// top-p on k masses in ranking order (k <= KMAX, one thread): how many the shortest prefix whose sum reaches
-// top_p * their total holds (all k for top_p >= 1).
-__device__ __forceinline__ int top_p_prefix(const float* w, int k, float top_p) {
-    if (top_p >= 1.0f) return k;
-    float total = 0.f;
-    for (int j = 0; j < k; ++j) total += w[j];
-    const float target = top_p * total;
-    float cum = 0.f;
-    for (int j = 0; j < k; ++j) {
-        cum += w[j];
-        if (cum >= target) return j + 1;
-    }
-    return k;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// topk_sample<KB>: stage 2 of top-k, then softmax, top-p and the draw on the k survivors. One block per row.
-// ---------------------------------------------------------------------------------------------------------------
-template <int KB>
-__global__ void __launch_bounds__(TOPK_THREADS)
-topk_sample(const float* __restrict__ partial_v, const int* __restrict__ partial_i, int S, int V, int k, float inv_t,
-            float top_p, unsigned long long seed, unsigned long long offset, int* __restrict__ tokens,
-            float* __restrict__ topk_v, int* __restrict__ topk_i, float* __restrict__ probs) {
-    static_assert(KB >= 1 && KB <= 64, "KB: at most 64 entries per list");
-    __shared__ float top_v[64];
-    __shared__ int top_i[64];
-    __shared__ float red_v[64];
-    __shared__ int red_i[64];
-    __shared__ float w[64];
-    __shared__ int order[64];
-    __shared__ int n_kept;
-    __shared__ float inv_zp;
-    const long long row = blockIdx.x;
-    const int n = S * k;
-    // ---- merge the S partial lists of this row ----
-    TopList<KB> list;
-    list.init();
-    for (int c = threadIdx.x; c < n; c += TOPK_THREADS) {
-        const long long o = row * n + c;
-        const int id = partial_i[o];
-        if (id >= 0 && id < V) list.insert(partial_v[o], id);  // a short slice pads with (-inf, BIG_INDEX)
-    }
-    block_merge<TOPK_THREADS, KB>(list, k, top_v, top_i, red_v, red_i);
-    // ---- softmax over the k survivors, top-p within them (ranking order) ----
-    const float m = top_v[0];
-    const bool finite = m > -INFINITY && m < INFINITY;  // NaN fails both
-    if (threadIdx.x < k) w[threadIdx.x] = finite ? wexp((top_v[threadIdx.x] - m) * inv_t) : 0.f;
-    __syncthreads();
-    if (threadIdx.x == 0) n_kept = top_p_prefix(w, k, top_p);
-    __syncthreads();
-    // ---- the draw: inverse CDF over the kept entries in INDEX order (rank by index, then one walk) ----
-    if (threadIdx.x < k) {
-        const int j = threadIdx.x;
-        if (j >= n_kept) w[j] = 0.f;
-        int rank = 0;  // unique even if indices repeat (sentinels of a row with NaN logits)
-        for (int l = 0; l < n_kept; ++l) rank += (top_i[l] < top_i[j] || (top_i[l] == top_i[j] && l < j)) ? 1 : 0;
-        if (j < n_kept) order[rank] = j;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int token = 0;
-        float zp = 0.f;
-        for (int j = 0; j < n_kept; ++j) zp += w[order[j]];
-        if (finite && zp > 0.f) {
-            const float target = philox_uniform(seed, (unsigned int)row, offset) * zp;
-            float cum = 0.f;
-            int last = -1;
-            token = -1;
-            for (int j = 0; j < n_kept; ++j) {
-                const int e = order[j];
-                if (w[e] > 0.f) last = top_i[e];
-                cum += w[e];
-                if (w[e] > 0.f && cum > target) { token = top_i[e]; break; }
-            }
-            if (token < 0) token = last;  // rounding: u * zp at or past the total
-        }
-        tokens[row] = min(max(token, 0), V - 1);
-        inv_zp = zp > 0.f ? 1.f / zp : 0.f;
-    }
-    __syncthreads();
-    if (threadIdx.x < k) w[threadIdx.x] *= inv_zp;
-    __syncthreads();
-    if (topk_v != nullptr && threadIdx.x < k) {
-        topk_v[row * k + threadIdx.x] = top_v[threadIdx.x];
-        topk_i[row * k + threadIdx.x] = min(max(top_i[threadIdx.x], 0), V - 1);
-    }
-    if (probs != nullptr) {
-        float* p = probs + row * V;
-        for (int i = threadIdx.x; i < V; i += TOPK_THREADS) p[i] = 0.f;
-        __syncthreads();
-        if (threadIdx.x < k && w[threadIdx.x] > 0.f) p[min(max(top_i[threadIdx.x], 0), V - 1)] = w[threadIdx.x];
-    }
-}
 
 // Pass 1 of a row (sample_threshold and beam_lse): M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t)
 // (online per thread, then the threads' sums rescaled to the block's max), n = the number of finite logits.
@@ -921,108 +685,101 @@ __device__ __forceinline__ void ties_at_hi(float hi, float M, float inv_t, float
     zp = mass_hi + (float)r * qv;
 }
 
+// Top-p, in both kernels: the kept set (v*, r, zp) from the histogram round, or from pivot rounds by mass where its
+// bracket misses. Row is how the kernel reads its row and adds up over it: OneBlockRow (sample_threshold: every pass
+// reads the row from memory, sums over the block) or ClusterRow (sample_cluster: every pass reads the block's slice in
+// shared memory, sums over the cluster). Both give
+//   Row::NT, Row::EPC, Row::CAND       threads, candidates a thread scans, at most this many candidates
+//   fill_histogram(hm)                 the row's fixed-point masses in row.hist, complete on return
+//   gather(in) / gather(lo, hi)        the logits for which in(v) holds / of [lo, hi], sorted into cand_v, cand_i
+//   sum(m)                             two floats a thread summed over the row's threads
+//   mass_rounds(target, lo, hi, above, n_in)    the pivot rounds by mass (bracket / cluster_bracket)
+// and the shared arrays hist, wsum, s_b, cand_v, scan_g and the words found, first_pos, s_zp.
+template <typename Row>
+__device__ __forceinline__ void top_p_kept(Row& row, float top_p, float mn, float Z, float n_finite, float& vstar,
+                                           int& r, float& zp) {
+    constexpr int NT = Row::NT, EPC = Row::EPC;
+    const float M = row.M, inv_t = row.inv_t;
+    const float target = top_p * Z;
+    bool crossed = false;
+    HistMap hm;
+    if (hist_map(mn, M, inv_t, Z, hm)) {
+        // ---- top-p: the histogram round, one pass: a bracket of one or two bins around the crossing logit ----
+        row.fill_histogram(hm);
+        int b_lo, b_hi;
+        hist_bracket<NT>(row.hist, target * hm.fx, HIST_SLACK * target * hm.fx, row.wsum, row.s_b, b_lo, b_hi);
+        // ---- top-p: gather the bracket's logits, sort, and if it holds the crossing, scan their masses ----
+        float m[2] = {0.f, 0.f};  // the mass above the bracket, in it
+        HistIn in{hm, b_lo, b_hi, m[0], m[1]};
+        const int nc = row.gather(in);
+        row.sum(m);
+        crossed = nc <= Row::CAND && m[0] < target && m[0] + m[1] >= target;
+        if (crossed)
+            crossing_scan<NT, EPC>(row.cand_v, nc, M, inv_t, m[0], target, row.scan_g, row.found, row.first_pos,
+                                   row.s_zp, vstar, r, zp);
+    }
+    if (!crossed) {
+        // ---- top-p, the fall-back: bracket the crossing logit by mass with pivot rounds ----
+        float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
+        row.mass_rounds(target, lo, hi, mass_hi, n_in);
+        if (n_in <= (float)Row::CAND && lo < hi) {
+            // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
+            const int nc = row.gather(lo, hi);
+            crossing_scan<NT, EPC>(row.cand_v, nc, M, inv_t, mass_hi, target, row.scan_g, row.found, row.first_pos,
+                                   row.s_zp, vstar, r, zp);
+        } else {
+            // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
+            ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // sample_threshold: temperature -> softmax -> top-k -> top-p -> draw, no sort of the row. One block per row.
 // ---------------------------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k, float top_p,
-                 unsigned long long seed, unsigned long long offset, int* __restrict__ tokens,
-                 float* __restrict__ probs) {
-    constexpr int NT = SAMPLE_THREADS;
-    __shared__ float red[32 * 2 * PIVOTS];
-    __shared__ float cand_v[CAND_MAX];
-    __shared__ int cand_i[CAND_MAX];
-    __shared__ float w[KMAX];
-    __shared__ int order[KMAX];
-    __shared__ int n_cand, found, first_pos, s_r, s_n;
-    __shared__ float s_vstar, s_zp, s_bound;
-    __shared__ float scan_g[NT / 32];
-    __shared__ int scan_c[NT / 32];
-    __shared__ unsigned int hist[HIST_BINS];
-    __shared__ unsigned long long wsum[NT / 32];
-    __shared__ int s_b[2];
-    const long long row = blockIdx.x;
-    const float* x = logits + row * V;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    // ---- pass 1: max, smallest finite logit, softmax denominator ----
-    float M, mn, Z, n_finite, m_thread;
-    row_stats<NT>(x, V, inv_t, red, M, mn, Z, n_finite, m_thread);
-    if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
-        if (tid == 0) tokens[row] = 0;
-        if (probs != nullptr)
-            for (int i = tid; i < V; i += NT) probs[row * V + i] = 0.f;
-        return;
+// sample_threshold's row for top_p_kept: every pass reads the row from memory (for_each_logit), every sum is the
+// block's.
+struct OneBlockRow {
+    static constexpr int NT = SAMPLE_THREADS, EPC = CAND_MAX / SAMPLE_THREADS, CAND = CAND_MAX;
+    const float* x;
+    int V;
+    float M, inv_t;
+    float *red, *cand_v, *scan_g, *s_zp;
+    int *cand_i, *n_cand, *s_b, *found, *first_pos;
+    unsigned int* hist;
+    unsigned long long* wsum;
+    __device__ __forceinline__ void fill_histogram(const HistMap& hm) {
+        for (int b = threadIdx.x; b < HIST_BINS; b += NT) hist[b] = 0u;
+        __syncthreads();
+        auto fill = [&](float v, int) { hist_add(v, hm, hist); };
+        for_each_logit<NT>(x, V, fill);
+        __syncthreads();
     }
-    const float u = philox_uniform(seed, (unsigned int)row, offset);
-
-    // The kept set: x > vstar, and the first r logits equal to vstar (by index). zp: its mass.
-    float vstar = -INFINITY, zp = Z;
-    int r = 0;
-    const int k = (float)top_k < n_finite ? top_k : 0;  // k >= the finite logits: every one of them is in the top k
-    if (k > 0) {
-        // ---- top-k: gather every logit at or above a lower bound of the k-th; the first k sorted ARE the top k ----
-        float lo = fmaxf(kth_max_bound<NT>(m_thread, k, cand_v, &s_bound), mn), hi = M, above = 0.f;
-        int nc = gather_sort<NT>(x, V, lo, INFINITY, cand_v, cand_i, &n_cand);
-        bool all_in = nc <= CAND_MAX;
-        if (!all_in) {
-            // ---- more than CAND_MAX at or above the bound (a row of many equal logits): bracket the k-th logit
-            // by counts from there; then every logit >= lo fits, or (a run of equal logits at hi) gather the fewer
-            // than k logits > hi, and the rest of the top k are the first ties at hi ----
-            float n_in = (float)nc;
-            bracket<NT, true>(x, V, M, inv_t, (float)k, red, lo, hi, above, n_in);
-            all_in = above + n_in <= (float)CAND_MAX && lo < hi;
-            nc = gather_sort<NT>(x, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY, cand_v, cand_i, &n_cand);
-        }
-        const int n_exact = all_in ? k : min(nc, k);
-        // ---- top-k: softmax of the k, top-p within them ----
-        topk_kept(cand_v, k, n_exact, hi, M, inv_t, top_p, w, s_vstar, s_r, s_zp, s_n);
-        vstar = s_vstar; r = s_r; zp = s_zp;
-        if (all_in && probs == nullptr) {
-            // ---- top-k: the draw among the kept candidates, in index order (no further pass over the row) ----
-            draw_kept(cand_i, w, s_n, u * zp, order, tokens, row, V);
-            return;
-        }
-    } else if (top_p < 1.0f) {
-        const float target = top_p * Z;
-        bool crossed = false;
-        HistMap hm;
-        if (hist_map(mn, M, inv_t, Z, hm)) {
-            // ---- top-p: the histogram round, one pass: a bracket of one or two bins around the crossing logit ----
-            for (int b = tid; b < HIST_BINS; b += NT) hist[b] = 0u;
-            __syncthreads();
-            auto fill = [&](float v, int) { hist_add(v, hm, hist); };
-            for_each_logit<NT>(x, V, fill);
-            __syncthreads();
-            int b_lo, b_hi;
-            hist_bracket<NT>(hist, target * hm.fx, HIST_SLACK * target * hm.fx, wsum, s_b, b_lo, b_hi);
-            // ---- top-p: gather the bracket's logits, sort, and if it holds the crossing, scan their masses ----
-            float m[2] = {0.f, 0.f};  // the mass above the bracket, in it
-            HistIn in{hm, b_lo, b_hi, m[0], m[1]};
-            const int nc = gather_sort<NT>(x, V, in, cand_v, cand_i, &n_cand);
-            block_sum<NT, 2>(m, red);
-            crossed = nc <= CAND_MAX && m[0] < target && m[0] + m[1] >= target;
-            if (crossed)
-                crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, m[0], target, scan_g, &found, &first_pos, &s_zp,
-                                                 vstar, r, zp);
-        }
-        if (!crossed) {
-            // ---- top-p, the fall-back: bracket the crossing logit by mass with pivot rounds ----
-            float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
-            bracket<NT, false>(x, V, M, inv_t, target, red, lo, hi, mass_hi, n_in);
-            if (n_in <= (float)CAND_MAX && lo < hi) {
-                // ---- top-p: gather the logits of [lo, hi], sort, scan their masses on top of mass_hi ----
-                const int nc = gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, &n_cand);
-                crossing_scan<NT, CAND_MAX / NT>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos,
-                                                 &s_zp, vstar, r, zp);
-            } else {
-                // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-                ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
-            }
-        }
+    template <typename In>
+    __device__ __forceinline__ int gather(In& in) { return gather_sort<NT>(x, V, in, cand_v, cand_i, n_cand); }
+    __device__ __forceinline__ int gather(float lo, float hi) {
+        return gather_sort<NT>(x, V, lo, hi, cand_v, cand_i, n_cand);
     }
+    __device__ __forceinline__ void sum(float (&m)[2]) { block_sum<NT, 2>(m, red); }
+    __device__ __forceinline__ void mass_rounds(float target, float& lo, float& hi, float& above, float& n_in) {
+        bracket<NT, false>(x, V, M, inv_t, target, red, lo, hi, above, n_in);
+    }
+    __device__ __forceinline__ void count_rounds(float target, float& lo, float& hi, float& above, float& n_in) {
+        bracket<NT, true>(x, V, M, inv_t, target, red, lo, hi, above, n_in);
+    }
+};
 
-    // ---- sample: one pass in index order, block scan of (mass of x > vstar, count of x == vstar) ----
+// The sampling pass of sample_threshold: the row once more, in index order, in tiles of NT groups of four. A block scan
+// of (mass of x > vstar, count of x == vstar) gives each thread the kept mass before its group (the first r ties at
+// vstar are kept); the first position where it passes u * zp is the token (atomicMin on found). With probs the pass
+// writes the renormalised row and runs to the end. No crossing (u * zp at or past the kept total by rounding): the
+// last kept token. red: 32 floats; scan_g, scan_c: NT / 32 each. tid, lane, warp: the kernel's (computed once there;
+// the steps of sample_cluster take them the same way).
+template <int NT>
+__device__ __forceinline__ void sample_pass(const float* __restrict__ x, int V, float M, float inv_t, float vstar,
+                                            int r, float zp, float u, float* red, float* scan_g, int* scan_c,
+                                            int& found, int* __restrict__ tokens, float* __restrict__ probs,
+                                            long long row, int tid, int lane, int warp) {
     const float qv = vstar > -INFINITY ? wexp((vstar - M) * inv_t) : 0.f;
     const float target = u * zp;
     const float inv_zp = 1.f / zp;
@@ -1088,6 +845,87 @@ sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k
     }
 }
 
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_threshold(const float* __restrict__ logits, int V, float inv_t, int top_k, float top_p,
+                 unsigned long long seed, unsigned long long offset, int* __restrict__ tokens,
+                 float* __restrict__ probs) {
+    constexpr int NT = SAMPLE_THREADS;
+    __shared__ float red[32 * 2 * PIVOTS];
+    __shared__ float cand_v[CAND_MAX];
+    __shared__ int cand_i[CAND_MAX];
+    __shared__ float w[KMAX];
+    __shared__ int order[KMAX];
+    __shared__ int n_cand, found, first_pos, s_r, s_n;
+    __shared__ float s_vstar, s_zp, s_bound;
+    __shared__ float scan_g[NT / 32];
+    __shared__ int scan_c[NT / 32];
+    __shared__ unsigned int hist[HIST_BINS];
+    __shared__ unsigned long long wsum[NT / 32];
+    __shared__ int s_b[2];
+    const long long row = blockIdx.x;
+    const float* x = logits + row * V;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    // ---- pass 1: max, smallest finite logit, softmax denominator ----
+    float M, mn, Z, n_finite, m_thread;
+    row_stats<NT>(x, V, inv_t, red, M, mn, Z, n_finite, m_thread);
+    if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
+        if (tid == 0) tokens[row] = 0;
+        if (probs != nullptr)
+            for (int i = tid; i < V; i += NT) probs[row * V + i] = 0.f;
+        return;
+    }
+    const float u = philox_uniform(seed, (unsigned int)row, offset);
+    OneBlockRow rd{x, V, M, inv_t, red, cand_v, scan_g, &s_zp, cand_i, &n_cand, s_b, &found, &first_pos, hist, wsum};
+
+    // The kept set: x > vstar, and the first r logits equal to vstar (by index). zp: its mass.
+    float vstar = -INFINITY, zp = Z;
+    int r = 0;
+    const int k = (float)top_k < n_finite ? top_k : 0;  // k >= the finite logits: every one of them is in the top k
+    if (k > 0) {
+        // ---- top-k: gather every logit at or above a lower bound of the k-th; the first k sorted ARE the top k ----
+        float lo = fmaxf(kth_max_bound<NT>(m_thread, k, cand_v, &s_bound), mn), hi = M, above = 0.f;
+        int nc = rd.gather(lo, INFINITY);
+        bool all_in = nc <= CAND_MAX;
+        if (!all_in) {
+            // ---- more than CAND_MAX at or above the bound (a row of many equal logits): bracket the k-th logit
+            // by counts from there; then every logit >= lo fits, or (a run of equal logits at hi) gather the fewer
+            // than k logits > hi, and the rest of the top k are the first ties at hi ----
+            float n_in = (float)nc;
+            rd.count_rounds((float)k, lo, hi, above, n_in);
+            all_in = above + n_in <= (float)CAND_MAX && lo < hi;
+            nc = rd.gather(all_in ? lo : nextafterf(hi, INFINITY), INFINITY);
+        }
+        const int n_exact = all_in ? k : min(nc, k);
+        // ---- top-k: softmax of the k, top-p within them ----
+        topk_kept(cand_v, k, n_exact, hi, M, inv_t, top_p, w, s_vstar, s_r, s_zp, s_n);
+        vstar = s_vstar; r = s_r; zp = s_zp;
+        if (all_in && probs == nullptr) {
+            // ---- top-k: the draw among the kept candidates, in index order (no further pass over the row) ----
+            draw_kept(cand_i, w, s_n, u * zp, order, tokens, row, V);
+            return;
+        }
+    } else if (top_p < 1.0f) {
+        // ---- top-p: the histogram round, and pivot rounds where its bracket misses (top_p_kept) ----
+        top_p_kept(rd, top_p, mn, Z, n_finite, vstar, r, zp);
+    }
+
+    // ---- sample: one pass in index order, block scan of (mass of x > vstar, count of x == vstar) ----
+    sample_pass<NT>(x, V, M, inv_t, vstar, r, zp, u, red, scan_g, scan_c, found, tokens, probs, row, tid, lane,
+                    warp);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The beam step's log-sum-exp: lse = M + log sum exp(x - M) of each row (sample_threshold's pass 1). One block per row.
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+beam_lse(const float* __restrict__ logits, int V, float* __restrict__ lse) {
+    __shared__ float red[64];
+    float M, mn, Z, n, m_thread;
+    row_stats<SAMPLE_THREADS>(logits + (long long)blockIdx.x * V, V, 1.0f, red, M, mn, Z, n, m_thread);
+    if (threadIdx.x == 0) lse[blockIdx.x] = (M > -INFINITY && M < INFINITY) ? M + logf(Z) : M;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // sample_cluster<CS>: sample_threshold's algorithm with the row read from HBM once. A cluster of CS blocks (sm_90) holds
 // the row in shared memory, block `rank` a contiguous slice of it; every pass runs on the slices, and the blocks add up
@@ -1125,7 +963,7 @@ __device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(
 
 // The shared-memory variable *p of block `rank` of this cluster (mapa: its address in the cluster's window).
 __device__ __forceinline__ unsigned int cluster_address(const void* p, unsigned int rank) {
-    unsigned int a = (unsigned int)__cvta_generic_to_shared(p), r;
+    unsigned int a = smem_addr(p), r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     return r;
 }
@@ -1149,12 +987,7 @@ __device__ __forceinline__ void add_remote(unsigned int* p, unsigned int rank, u
     asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], %1;" ::"r"(cluster_address(p, rank)), "r"(v)
                  : "memory");
 }
-// 16 bytes global -> shared without a register (cp.async, L1 bypassed); cp_async_wait_all waits for this thread's.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned int)__cvta_generic_to_shared(smem)),
-                 "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 
 // The cluster's sums of N values per thread: every thread of every block gets the same N totals (the same additions
 // in the same order everywhere). One cluster barrier; xch alternates between two buffers (buf), so a block may write
@@ -1305,6 +1138,245 @@ __device__ void cluster_hist_fill(const float4* slice, int ng, const HistMap& hm
         __syncthreads();
     }
 }
+
+// Pass 1 on the cluster: M = max, mn = smallest finite logit, Z = sum exp((x - M) * inv_t), n = the finite logits;
+// online per thread over its groups of the slice, then per warp, per block (thread 0, in warp order) and over the
+// cluster (thread 0 of every block, in rank order: the same totals in every block). One exchange through xch[buf].
+template <int CS>
+__device__ __forceinline__ void cluster_row_stats(const float4* slice, int ng, float inv_t, float* red,
+                                                  float (*xch)[XCH], float* tot, int& buf, float& M, float& mn,
+                                                  float& Z, float& n_finite, int tid, int lane, int warp) {
+    constexpr int NT = CLUSTER_THREADS, NW = CLUSTER_WARPS;
+    float m = -INFINITY, lo = INFINITY, s = 0.f, cnt = 0.f;
+    for (int g = tid; g < ng; g += NT) {
+        const float4 t = slice[g];
+        const float v4[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float v = v4[e];
+            if (v > -INFINITY) {
+                lo = fminf(lo, v);
+                cnt += 1.f;
+                if (v > m) { s = (m > -INFINITY) ? s * wexp((m - v) * inv_t) : 0.f; m = v; }
+                s += wexp((v - m) * inv_t);
+            }
+        }
+    }
+    float wm = m;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, d));
+        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
+    }
+    s = (m > -INFINITY && wm < INFINITY) ? s * wexp((m - wm) * inv_t) : 0.f;
+    s = warp_reduce(s);
+    cnt = warp_reduce(cnt);
+    if (lane == 0) { red[warp] = wm; red[32 + warp] = lo; red[64 + warp] = s; red[96 + warp] = cnt; }
+    __syncthreads();
+    if (tid == 0) {  // the block's, in warp order
+        float bm = -INFINITY, blo = INFINITY, bs = 0.f, bn = 0.f;
+        for (int w2 = 0; w2 < NW; ++w2) { bm = fmaxf(bm, red[w2]); blo = fminf(blo, red[32 + w2]); bn += red[96 + w2]; }
+        for (int w2 = 0; w2 < NW; ++w2)
+            bs += (red[w2] > -INFINITY && bm < INFINITY) ? red[64 + w2] * wexp((red[w2] - bm) * inv_t) : 0.f;
+        xch[buf][0] = bm; xch[buf][1] = blo; xch[buf][2] = bs; xch[buf][3] = bn;
+    }
+    cluster_sync();
+    if (tid == 0) {  // the cluster's, in rank order (the same in every block)
+        float pm[CS], plo[CS], ps[CS], pn[CS];
+#pragma unroll
+        for (int r = 0; r < CS; ++r) {
+            pm[r] = load_remote(&xch[buf][0], r); plo[r] = load_remote(&xch[buf][1], r);
+            ps[r] = load_remote(&xch[buf][2], r); pn[r] = load_remote(&xch[buf][3], r);
+        }
+        float cm = -INFINITY, clo = INFINITY, cs = 0.f, cn = 0.f;
+#pragma unroll
+        for (int r = 0; r < CS; ++r) { cm = fmaxf(cm, pm[r]); clo = fminf(clo, plo[r]); cn += pn[r]; }
+#pragma unroll
+        for (int r = 0; r < CS; ++r) cs += (pm[r] > -INFINITY && cm < INFINITY) ? ps[r] * wexp((pm[r] - cm) * inv_t) : 0.f;
+        tot[0] = cm; tot[1] = clo; tot[2] = cs; tot[3] = cn;
+    }
+    __syncthreads();
+    M = tot[0]; mn = tot[1]; Z = tot[2]; n_finite = tot[3];
+    buf ^= 1;
+}
+
+// sample_cluster's row for top_p_kept: every pass reads this block's slice in shared memory, every sum is the
+// cluster's (cluster_sum), and a gather collects the candidates of all the cluster's slices.
+template <int CS>
+struct ClusterRow {
+    static constexpr int NT = CLUSTER_THREADS, EPC = (CLUSTER_CAND + NT - 1) / NT, CAND = CLUSTER_CAND;
+    const float4* slice;
+    int ng, i_base, V;
+    float M, inv_t;
+    float *red, (*xch)[XCH], *tot;
+    int& buf;
+    float *loc_v, *cand_v, *scan_g, *s_zp;
+    int *loc_i, *n_loc, *off, *cand_i, *s_b, *found, *first_pos;
+    unsigned int *hist, *hsum;
+    unsigned long long* wsum;
+    __device__ __forceinline__ void fill_histogram(const HistMap& hm) {
+        cluster_hist_fill<CS>(slice, ng, hm, hist, hsum);
+    }
+    template <typename In>
+    __device__ __forceinline__ int gather(In& in) {
+        return cluster_gather_sort<CS>(slice, ng, i_base, V, in, loc_v, loc_i, n_loc, off, cand_v, cand_i, false);
+    }
+    __device__ __forceinline__ int gather(float lo, float hi, bool last_remote = false) {
+        return cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, n_loc, off, cand_v, cand_i,
+                                       last_remote);
+    }
+    __device__ __forceinline__ void sum(float (&m)[2]) { cluster_sum<CS, 2>(m, red, xch, tot, buf); }
+    __device__ __forceinline__ void mass_rounds(float target, float& lo, float& hi, float& above, float& n_in) {
+        cluster_bracket<CS, false>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, above, n_in);
+    }
+    __device__ __forceinline__ void count_rounds(float target, float& lo, float& hi, float& above, float& n_in) {
+        cluster_bracket<CS, true>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, above, n_in);
+    }
+};
+
+// The load: this block's slice of the row (groups [g0, g0 + ng) from the alignment origin, i_base the index of its
+// first logit), HBM -> shared memory once, 16-byte cp.async all in flight; a group that sticks out of the row (the
+// first or the last) goes through load4 and holds -inf there.
+__device__ __forceinline__ void load_slice(float4* slice, const float* __restrict__ x, int V, int i_base, int ng,
+                                           int tid) {
+    for (int g = tid; g < ng; g += CLUSTER_THREADS) {
+        const int i0 = i_base + 4 * g;
+        if (i0 >= 0 && i0 + 4 <= V) {
+            float4* dst = &slice[g];
+            const float* src = x + i0;
+            cp_async_16(smem_addr(dst), src);
+        } else {
+            float v[4];
+            load4(x, V, i0, v);
+            slice[g] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+}
+
+// The sampling pass, 1: the mass of x > vstar and the count of x == vstar over this warp's segment of the slice (groups
+// [jb, je)), into seg_g[warp] and seg_c[warp], which the cluster's scan reads.
+__device__ __forceinline__ void segment_sums(const float4* slice, int jb, int je, int i_base, int V, float M,
+                                             float inv_t, float vstar, float* seg_g, int* seg_c, int lane, int warp) {
+    float g = 0.f;
+    int c = 0;
+    for (int j = jb + lane; j < je; j += 32) {
+        const float4 t = slice[j];
+        const float v4[4] = {t.x, t.y, t.z, t.w};
+        const int i0 = i_base + 4 * j;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (v4[e] > vstar) g += wexp((v4[e] - M) * inv_t);
+            c += (v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
+        }
+    }
+    g = warp_reduce(g);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+    if (lane == 0) { seg_g[warp] = g; seg_c[warp] = c; }
+}
+
+// The sampling pass, 2 (warp 0 of every block, after a cluster barrier): the cluster's NE = CS * NW segments
+// e = rank * NW + warp, in index order, EPL a lane, read from every block and scanned. The kept mass before segment e
+// is g_before + qv * min(ties_before, r). s_walk: the first segment whose kept mass crosses target = u * zp (s_cross =
+// 1), or (rounding: none does) the last segment that keeps any mass (s_cross = 0). This block's segments get the mass
+// and ties before them in seg_gb, seg_cb.
+template <int CS>
+__device__ __forceinline__ void scan_segments(unsigned int rank, float qv, int r, float target, const float* seg_g,
+                                              const int* seg_c, float* seg_gb, int* seg_cb, int& s_walk, int& s_cross,
+                                              int lane) {
+    constexpr int NW = CLUSTER_WARPS, NE = CS * NW, EPL = (NE + 31) / 32;  // segments, and segments a lane
+    float eg[EPL];
+    int ec[EPL];
+#pragma unroll
+    for (int t = 0; t < EPL; ++t) {
+        const int e = lane * EPL + t;
+        eg[t] = e < NE ? load_remote(&seg_g[e % NW], e / NW) : 0.f;
+        ec[t] = e < NE ? load_remote(&seg_c[e % NW], e / NW) : 0;
+    }
+    float sg = 0.f;
+    int sc = 0;
+#pragma unroll
+    for (int t = 0; t < EPL; ++t) { sg += eg[t]; sc += ec[t]; }
+    warp_scan_pair(sg, sc);
+    float gb = __shfl_up_sync(0xffffffffu, sg, 1);
+    int cb = __shfl_up_sync(0xffffffffu, sc, 1);
+    if (lane == 0) { gb = 0.f; cb = 0; }
+    int cross = BIG_INDEX, last = -1;
+#pragma unroll
+    for (int t = 0; t < EPL; ++t) {
+        const int e = lane * EPL + t;
+        if (e < NE) {
+            const float ga = gb + eg[t];
+            const int ca = cb + ec[t];
+            const float kb = gb + qv * (float)min(cb, r), ka = ga + qv * (float)min(ca, r);
+            if (kb <= target && target < ka && cross == BIG_INDEX) cross = e;
+            if (eg[t] > 0.f || (qv > 0.f && min(ca, r) > min(cb, r))) last = e;
+            if (e / NW == (int)rank) { seg_gb[e % NW] = gb; seg_cb[e % NW] = cb; }
+            gb = ga; cb = ca;
+        }
+    }
+    cross = __reduce_min_sync(0xffffffffu, cross);
+    last = __reduce_max_sync(0xffffffffu, last);
+    if (lane == 0) { s_walk = cross != BIG_INDEX ? cross : max(last, 0); s_cross = cross != BIG_INDEX; }
+}
+
+// The sampling pass, 3: walk this warp's segment in tiles of 32 groups (a warp scan per tile), from the mass and ties
+// before it (gcar, ccar). mine: the segment s_walk names, whose warp writes the token: with cross, the first kept
+// position where the kept mass passes target; without (rounding), its last kept position. With probs every warp walks
+// its segment and writes its part of the renormalised row.
+__device__ __forceinline__ void walk_segment(const float4* slice, int jb, int je, int i_base, int V, float M,
+                                             float inv_t, float vstar, float qv, int r, float target, float inv_zp,
+                                             bool mine, bool cross, float gcar, int ccar, int* __restrict__ tokens,
+                                             float* __restrict__ probs, long long row, int lane) {
+    int token = -1, last_kept = -1;
+    for (int jt = jb; jt < je; jt += 32) {
+        const int j = jt + lane;
+        const bool in = j < je;
+        const float4 t = in ? slice[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        const float v4[4] = {t.x, t.y, t.z, t.w};
+        const int i0 = i_base + 4 * j;
+        float gl = 0.f;
+        int cl = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (v4[e] > vstar) gl += wexp((v4[e] - M) * inv_t);
+            cl += (in && v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
+        }
+        float gi = gl;
+        int ci = cl;
+        warp_scan_pair(gi, ci);
+        float gx = __shfl_up_sync(0xffffffffu, gi, 1);
+        int ties = __shfl_up_sync(0xffffffffu, ci, 1);
+        if (lane == 0) { gx = 0.f; ties = 0; }
+        ties += ccar;
+        float cum = (gcar + gx) + qv * (float)min(ties, r);
+        int hit = BIG_INDEX;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = i0 + e;
+            if (in && i >= 0 && i < V) {
+                bool keep = v4[e] > vstar;
+                if (v4[e] == vstar) { keep = ties < r; ++ties; }
+                const float q = keep ? wexp((v4[e] - M) * inv_t) : 0.f;
+                if (keep && q > 0.f) last_kept = i;
+                cum += q;
+                if (keep && q > 0.f && cum > target && hit == BIG_INDEX) hit = i;
+                if (probs != nullptr) probs[row * V + i] = q * inv_zp;
+            }
+        }
+        gcar += __shfl_sync(0xffffffffu, gi, 31);
+        ccar += __shfl_sync(0xffffffffu, ci, 31);
+        if (cross && token < 0) {
+            hit = __reduce_min_sync(0xffffffffu, hit);
+            if (hit != BIG_INDEX) token = hit;
+        }
+        if (token >= 0 && probs == nullptr) break;
+    }
+    last_kept = __reduce_max_sync(0xffffffffu, last_kept);
+    if (mine && lane == 0) tokens[row] = min(max(token >= 0 ? token : last_kept, 0), V - 1);
+}
 #endif  // HAS_CLUSTERS
 
 template <int CS>
@@ -1313,8 +1385,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
                unsigned long long seed, unsigned long long offset, int* __restrict__ tokens, float* __restrict__ probs) {
     static_assert(CS >= 1 && CS <= 16, "CS: 1 to 16 blocks per cluster (above 8: non-portable, opted in by the launcher)");
 #if HAS_CLUSTERS
-    constexpr int NT = CLUSTER_THREADS, NW = CLUSTER_WARPS, EPC = (CLUSTER_CAND + NT - 1) / NT;
-    constexpr int NE = CS * NW, EPL = (NE + 31) / 32;  // segments of the row; segments per lane of the final scan
+    constexpr int NT = CLUSTER_THREADS, NW = CLUSTER_WARPS;
     extern __shared__ float4 slice[];  // this block's groups of the row: slice_groups * 16 bytes
     __shared__ float cand_v[CLUSTER_CAND];  // the cluster's candidates, sorted
     __shared__ int cand_i[CLUSTER_CAND];
@@ -1345,74 +1416,11 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
     }
 
     // ---- load: this block's slice, HBM -> shared memory once (16-byte cp.async, all in flight) ----
-    for (int g = tid; g < ng; g += NT) {
-        const int i0 = i_base + 4 * g;
-        if (i0 >= 0 && i0 + 4 <= V) {
-            cp_async16(&slice[g], x + i0);
-        } else {  // the row's first or last group sticks out of it: those positions hold -inf
-            float v[4];
-            load4(x, V, i0, v);
-            slice[g] = make_float4(v[0], v[1], v[2], v[3]);
-        }
-    }
-    cp_async_wait_all();
-    __syncthreads();
+    load_slice(slice, x, V, i_base, ng, tid);
 
     // ---- pass 1: max, smallest finite logit, softmax denominator (per thread online, per warp, per block, cluster) ----
     float M, mn, Z, n_finite;
-    {
-        float m = -INFINITY, lo = INFINITY, s = 0.f, cnt = 0.f;
-        for (int g = tid; g < ng; g += NT) {
-            const float4 t = slice[g];
-            const float v4[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float v = v4[e];
-                if (v > -INFINITY) {
-                    lo = fminf(lo, v);
-                    cnt += 1.f;
-                    if (v > m) { s = (m > -INFINITY) ? s * wexp((m - v) * inv_t) : 0.f; m = v; }
-                    s += wexp((v - m) * inv_t);
-                }
-            }
-        }
-        float wm = m;
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1) {
-            wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, d));
-            lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, d));
-        }
-        s = (m > -INFINITY && wm < INFINITY) ? s * wexp((m - wm) * inv_t) : 0.f;
-        s = warp_reduce(s);
-        cnt = warp_reduce(cnt);
-        if (lane == 0) { red[warp] = wm; red[32 + warp] = lo; red[64 + warp] = s; red[96 + warp] = cnt; }
-        __syncthreads();
-        if (tid == 0) {  // the block's, in warp order
-            float bm = -INFINITY, blo = INFINITY, bs = 0.f, bn = 0.f;
-            for (int w2 = 0; w2 < NW; ++w2) { bm = fmaxf(bm, red[w2]); blo = fminf(blo, red[32 + w2]); bn += red[96 + w2]; }
-            for (int w2 = 0; w2 < NW; ++w2)
-                bs += (red[w2] > -INFINITY && bm < INFINITY) ? red[64 + w2] * wexp((red[w2] - bm) * inv_t) : 0.f;
-            xch[buf][0] = bm; xch[buf][1] = blo; xch[buf][2] = bs; xch[buf][3] = bn;
-        }
-        cluster_sync();
-        if (tid == 0) {  // the cluster's, in rank order (the same in every block)
-            float pm[CS], plo[CS], ps[CS], pn[CS];
-#pragma unroll
-            for (int r = 0; r < CS; ++r) {
-                pm[r] = load_remote(&xch[buf][0], r); plo[r] = load_remote(&xch[buf][1], r);
-                ps[r] = load_remote(&xch[buf][2], r); pn[r] = load_remote(&xch[buf][3], r);
-            }
-            float cm = -INFINITY, clo = INFINITY, cs = 0.f, cn = 0.f;
-#pragma unroll
-            for (int r = 0; r < CS; ++r) { cm = fmaxf(cm, pm[r]); clo = fminf(clo, plo[r]); cn += pn[r]; }
-#pragma unroll
-            for (int r = 0; r < CS; ++r) cs += (pm[r] > -INFINITY && cm < INFINITY) ? ps[r] * wexp((pm[r] - cm) * inv_t) : 0.f;
-            tot[0] = cm; tot[1] = clo; tot[2] = cs; tot[3] = cn;
-        }
-        __syncthreads();
-        M = tot[0]; mn = tot[1]; Z = tot[2]; n_finite = tot[3];
-        buf ^= 1;
-    }
+    cluster_row_stats<CS>(slice, ng, inv_t, red, xch, tot, buf, M, mn, Z, n_finite, tid, lane, warp);
     if (!(M > -INFINITY && M < INFINITY)) {  // no finite logit, or +inf / NaN: token 0, zero probabilities
         cluster_arrive();
         if (rank == 0 && tid == 0) tokens[row] = 0;
@@ -1422,6 +1430,8 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
         return;
     }
     const float u = philox_uniform(seed, (unsigned int)row, offset);
+    ClusterRow<CS> rd{slice, ng, i_base, V, M, inv_t, red, xch, tot, buf, loc_v, cand_v, scan_g, &s_zp,
+                      loc_i, &n_loc, off, cand_i, s_b, &found, &first_pos, hist, hsum, wsum};
 
     // The kept set: x > vstar, and the first r logits equal to vstar (by index). zp: its mass.
     float vstar = -INFINITY, zp = Z;
@@ -1430,11 +1440,10 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
     if (k > 0) {
         // ---- top-k: bracket the k-th logit by counts over the cluster, gather, sort ----
         float lo = mn, hi = M, above = 0.f, n_in = n_finite;
-        cluster_bracket<CS, true>(slice, ng, M, inv_t, (float)k, red, xch, tot, buf, lo, hi, above, n_in);
+        rd.count_rounds((float)k, lo, hi, above, n_in);
         const bool all_in = above + n_in <= (float)CLUSTER_CAND && lo < hi;
         const bool draw_here = all_in && probs == nullptr;  // the draw among the candidates: no sampling pass
-        const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, all_in ? lo : nextafterf(hi, INFINITY), INFINITY,
-                                               loc_v, loc_i, &n_loc, off, cand_v, cand_i, draw_here);
+        const int nc = rd.gather(all_in ? lo : nextafterf(hi, INFINITY), INFINITY, draw_here);
         const int n_exact = all_in ? k : min(nc, k);
         // ---- top-k: softmax of the k, top-p within them (every block, the same numbers) ----
         topk_kept(cand_v, k, n_exact, hi, M, inv_t, top_p, w, s_vstar, s_r, s_zp, s_n);
@@ -1446,40 +1455,8 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
             return;
         }
     } else if (top_p < 1.0f) {
-        const float target = top_p * Z;
-        bool crossed = false;
-        HistMap hm;
-        if (hist_map(mn, M, inv_t, Z, hm)) {
-            // ---- top-p: the histogram round over the cluster, then the gather of its bracket (as in
-            // sample_threshold; the masses above and in the bracket summed over the cluster) ----
-            cluster_hist_fill<CS>(slice, ng, hm, hist, hsum);
-            int b_lo, b_hi;
-            hist_bracket<NT>(hist, target * hm.fx, HIST_SLACK * target * hm.fx, wsum, s_b, b_lo, b_hi);
-            float m[2] = {0.f, 0.f};
-            HistIn in{hm, b_lo, b_hi, m[0], m[1]};
-            const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, in, loc_v, loc_i, &n_loc, off, cand_v, cand_i,
-                                                   false);
-            cluster_sum<CS, 2>(m, red, xch, tot, buf);
-            crossed = nc <= CLUSTER_CAND && m[0] < target && m[0] + m[1] >= target;
-            if (crossed)
-                crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, m[0], target, scan_g, &found, &first_pos, &s_zp, vstar,
-                                       r, zp);
-        }
-        if (!crossed) {
-            // ---- top-p, the fall-back: bracket the crossing logit by mass over the cluster with pivot rounds ----
-            float lo = mn, hi = M, mass_hi = 0.f, n_in = n_finite;
-            cluster_bracket<CS, false>(slice, ng, M, inv_t, target, red, xch, tot, buf, lo, hi, mass_hi, n_in);
-            if (n_in <= (float)CLUSTER_CAND && lo < hi) {
-                // ---- top-p: gather [lo, hi], sort, scan their masses on top of mass_hi (EPC candidates a thread) ----
-                const int nc = cluster_gather_sort<CS>(slice, ng, i_base, V, lo, hi, loc_v, loc_i, &n_loc, off,
-                                                       cand_v, cand_i, false);
-                crossing_scan<NT, EPC>(cand_v, nc, M, inv_t, mass_hi, target, scan_g, &found, &first_pos, &s_zp, vstar,
-                                       r, zp);
-            } else {
-                // ---- top-p: ties (every logit in [lo, hi] equals hi, or the round cap was hit) ----
-                ties_at_hi(hi, M, inv_t, target, mass_hi, n_in, vstar, r, zp);
-            }
-        }
+        // ---- top-p: the histogram round over the cluster, and pivot rounds where its bracket misses (top_p_kept) ----
+        top_p_kept(rd, top_p, mn, Z, n_finite, vstar, r, zp);
     }
 
     // ---- sample: each warp's segment summed, the cluster's segments scanned, one warp walks the crossing one ----
@@ -1488,116 +1465,17 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
     const float inv_zp = 1.f / zp;
     const int gw = (slice_groups + NW - 1) / NW;
     const int jb = min(warp * gw, ng), je = min(jb + gw, ng);  // this warp's segment of the slice
-    {
-        float g = 0.f;
-        int c = 0;
-        for (int j = jb + lane; j < je; j += 32) {
-            const float4 t = slice[j];
-            const float v4[4] = {t.x, t.y, t.z, t.w};
-            const int i0 = i_base + 4 * j;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (v4[e] > vstar) g += wexp((v4[e] - M) * inv_t);
-                c += (v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
-            }
-        }
-        g = warp_reduce(g);
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
-        if (lane == 0) { seg_g[warp] = g; seg_c[warp] = c; }
-    }
+    segment_sums(slice, jb, je, i_base, V, M, inv_t, vstar, seg_g, seg_c, lane, warp);
     cluster_sync();
-    if (warp == 0) {
-        // The segments e = rank * NW + warp in index order, EPL per lane: the kept mass before each one is
-        // g_before + qv * min(ties_before, r). The walk goes to the first segment whose kept mass crosses u * zp,
-        // or (rounding: none does) to the last segment that keeps any mass.
-        float eg[EPL];
-        int ec[EPL];
-#pragma unroll
-        for (int t = 0; t < EPL; ++t) {
-            const int e = lane * EPL + t;
-            eg[t] = e < NE ? load_remote(&seg_g[e % NW], e / NW) : 0.f;
-            ec[t] = e < NE ? load_remote(&seg_c[e % NW], e / NW) : 0;
-        }
-        float sg = 0.f;
-        int sc = 0;
-#pragma unroll
-        for (int t = 0; t < EPL; ++t) { sg += eg[t]; sc += ec[t]; }
-        warp_scan_pair(sg, sc);
-        float gb = __shfl_up_sync(0xffffffffu, sg, 1);
-        int cb = __shfl_up_sync(0xffffffffu, sc, 1);
-        if (lane == 0) { gb = 0.f; cb = 0; }
-        int cross = BIG_INDEX, last = -1;
-#pragma unroll
-        for (int t = 0; t < EPL; ++t) {
-            const int e = lane * EPL + t;
-            if (e < NE) {
-                const float ga = gb + eg[t];
-                const int ca = cb + ec[t];
-                const float kb = gb + qv * (float)min(cb, r), ka = ga + qv * (float)min(ca, r);
-                if (kb <= target && target < ka && cross == BIG_INDEX) cross = e;
-                if (eg[t] > 0.f || (qv > 0.f && min(ca, r) > min(cb, r))) last = e;
-                if (e / NW == (int)rank) { seg_gb[e % NW] = gb; seg_cb[e % NW] = cb; }
-                gb = ga; cb = ca;
-            }
-        }
-        cross = __reduce_min_sync(0xffffffffu, cross);
-        last = __reduce_max_sync(0xffffffffu, last);
-        if (lane == 0) { s_walk = cross != BIG_INDEX ? cross : max(last, 0); s_cross = cross != BIG_INDEX; }
-    }
+    if (warp == 0) scan_segments<CS>(rank, qv, r, target, seg_g, seg_c, seg_gb, seg_cb, s_walk, s_cross, lane);
     __syncthreads();
     cluster_arrive();  // the last read of another block's shared memory
     const bool mine = s_walk == (int)rank * NW + warp;  // this warp's segment holds the token
     if (mine || probs != nullptr) {
         // ---- sample: walk the segment in tiles of 32 groups (a warp scan per tile); with probs, every warp ----
         const bool cross = mine && s_cross;
-        float gcar = seg_gb[warp];
-        int ccar = seg_cb[warp], token = -1, last_kept = -1;
-        for (int jt = jb; jt < je; jt += 32) {
-            const int j = jt + lane;
-            const bool in = j < je;
-            const float4 t = in ? slice[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-            const float v4[4] = {t.x, t.y, t.z, t.w};
-            const int i0 = i_base + 4 * j;
-            float gl = 0.f;
-            int cl = 0;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (v4[e] > vstar) gl += wexp((v4[e] - M) * inv_t);
-                cl += (in && v4[e] == vstar && i0 + e >= 0 && i0 + e < V) ? 1 : 0;
-            }
-            float gi = gl;
-            int ci = cl;
-            warp_scan_pair(gi, ci);
-            float gx = __shfl_up_sync(0xffffffffu, gi, 1);
-            int ties = __shfl_up_sync(0xffffffffu, ci, 1);
-            if (lane == 0) { gx = 0.f; ties = 0; }
-            ties += ccar;
-            float cum = (gcar + gx) + qv * (float)min(ties, r);
-            int hit = BIG_INDEX;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = i0 + e;
-                if (in && i >= 0 && i < V) {
-                    bool keep = v4[e] > vstar;
-                    if (v4[e] == vstar) { keep = ties < r; ++ties; }
-                    const float q = keep ? wexp((v4[e] - M) * inv_t) : 0.f;
-                    if (keep && q > 0.f) last_kept = i;
-                    cum += q;
-                    if (keep && q > 0.f && cum > target && hit == BIG_INDEX) hit = i;
-                    if (probs != nullptr) probs[row * V + i] = q * inv_zp;
-                }
-            }
-            gcar += __shfl_sync(0xffffffffu, gi, 31);
-            ccar += __shfl_sync(0xffffffffu, ci, 31);
-            if (cross && token < 0) {
-                hit = __reduce_min_sync(0xffffffffu, hit);
-                if (hit != BIG_INDEX) token = hit;
-            }
-            if (token >= 0 && probs == nullptr) break;
-        }
-        last_kept = __reduce_max_sync(0xffffffffu, last_kept);
-        if (mine && lane == 0) tokens[row] = min(max(token >= 0 ? token : last_kept, 0), V - 1);
+        walk_segment(slice, jb, je, i_base, V, M, inv_t, vstar, qv, r, target, inv_zp, mine, cross, seg_gb[warp],
+                     seg_cb[warp], tokens, probs, row, lane);
     }
     cluster_wait();
 #else
@@ -1605,69 +1483,7 @@ sample_cluster(const float* __restrict__ logits, int V, int slice_groups, float 
 #endif
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// The beam-search step.
-// ---------------------------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-beam_lse(const float* __restrict__ logits, int V, float* __restrict__ lse) {
-    __shared__ float red[64];
-    float M, mn, Z, n, m_thread;
-    row_stats<SAMPLE_THREADS>(logits + (long long)blockIdx.x * V, V, 1.0f, red, M, mn, Z, n, m_thread);
-    if (threadIdx.x == 0) lse[blockIdx.x] = (M > -INFINITY && M < INFINITY) ? M + logf(Z) : M;
-}
-
-// One block per sequence b: the K best of cum[row] + x - lse[row] over the K rows' stage-1 partials (S * K each).
-template <int KB>
-__global__ void __launch_bounds__(TOPK_THREADS)
-beam_stage2(const float* __restrict__ partial_v, const int* __restrict__ partial_i, const float* __restrict__ cum,
-            const float* __restrict__ lse, int S, int V, int K, float* __restrict__ scores, int* __restrict__ parent,
-            int* __restrict__ token) {
-    static_assert(KB >= 1 && KB <= 64, "KB: at most 64 entries per list");
-    __shared__ float top_v[64];
-    __shared__ int top_i[64];
-    __shared__ float red_v[64];
-    __shared__ int red_i[64];
-    const long long b = blockIdx.x;
-    const int per_row = S * K, n = K * per_row;
-    TopList<KB> list;
-    list.init();
-    for (int c = threadIdx.x; c < n; c += TOPK_THREADS) {
-        const int j = c / per_row;  // beam
-        const long long row = b * K + j;
-        const int tok = partial_i[b * n + c];
-        if (tok >= 0 && tok < V) list.insert(cum[row] + (partial_v[b * n + c] - lse[row]), j * V + tok);
-    }
-    block_merge<TOPK_THREADS, KB>(list, K, top_v, top_i, red_v, red_i);
-    if (threadIdx.x < K) {
-        const int flat = min(max(top_i[threadIdx.x], 0), K * V - 1);
-        scores[b * K + threadIdx.x] = top_v[threadIdx.x];
-        parent[b * K + threadIdx.x] = flat / V;
-        token[b * K + threadIdx.x] = flat % V;
-    }
-}
-
-// The KV cache after a beam step: dst row n <- src row (n / K) * K + parent[n], parent clamped to [0, K).
-extern "C" __global__ void __launch_bounds__(REORDER_THREADS)
-reorder_rows(const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ parent, int K,
-             long long rows, long long chunks_per_row) {
-    const long long total = rows * chunks_per_row;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const long long n = idx / chunks_per_row, c = idx % chunks_per_row;
-        const int p = min(max(parent[n], 0), K - 1);
-        dst[idx] = src[((n / K) * K + p) * chunks_per_row + c];
-    }
-}
-
 #ifndef __CUDACC_RTC__
-template __global__ void topk_sample<16>(const float*, const int*, int, int, int, float, float, unsigned long long,
-                                         unsigned long long, int*, float*, int*, float*);
-template __global__ void topk_sample<64>(const float*, const int*, int, int, int, float, float, unsigned long long,
-                                         unsigned long long, int*, float*, int*, float*);
-template __global__ void beam_stage2<16>(const float*, const int*, const float*, const float*, int, int, int, float*,
-                                         int*, int*);
-template __global__ void beam_stage2<64>(const float*, const int*, const float*, const float*, int, int, int, float*,
-                                         int*, int*);
 #define SAMPLE_CLUSTER_INSTANCE(CS)                                                                                     \
     template __global__ void sample_cluster<CS>(const float*, int, int, float, int, float, unsigned long long,          \
                                                 unsigned long long, int*, float*);
