@@ -148,7 +148,7 @@ def test_batched_matmul(gpu, poison, dtype):
 
 
 def test_matmul_vs_gemmex_runs(gpu):
-    from kernels.bench import matmul_vs_gemmex
+    from kernels.bench.attention import matmul_vs_gemmex
 
     rows = matmul_vs_gemmex(batch=2, shapes=((64, 32, 48),))
     assert [r["path"] for r in rows] == ["cupy.matmul", "cublasGemmStridedBatchedEx"]

@@ -37,9 +37,20 @@ def test_packed_offsets_follow_the_c_abi(codes):
 
 
 def test_argument_types_without_a_c_type_are_refused():
-    with pytest.raises(TypeError, match=r"kernel argument 0 is a builtins.int; pass CuPy arrays and NumPy scalars"):
+    with pytest.raises(TypeError, match=r"kernel argument 0 is a builtins.int; pass CuPy arrays, NumPy scalars"):
         launch._arg_buffer((int, np.int32))  # a Python int says nothing of its C type (int32? int64?)
     assert launch._arg_buffer((np.int32, np.float32)).fmt == "@if"
+
+
+def test_numpy_arrays_go_by_value():
+    """A NumPy array (a 128-byte CUtensorMap, say) is packed as its bytes where its parameter pointer points."""
+    blob = np.arange(128, dtype=np.uint8)
+    buf = launch._arg_buffer((np.int32, (np.ndarray, 128), np.int64))
+    assert buf.blobs == (1,) and buf.fmt == "@i128sq"
+    values = buf.values((np.int32(7), blob, np.int64(-1)))
+    struct.pack_into(buf.fmt, buf.buf, 0, *values)
+    assert ctypes.string_at(buf.params[1], 128) == blob.tobytes()
+    assert ctypes.c_int64.from_address(buf.params[2]).value == -1
 
 
 def test_fast_and_cupy_launch_write_the_same(gpu):

@@ -71,12 +71,14 @@ class Kernel:
         return self._fn.get(dev) or self._configure(dev)
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: int | None = None) -> None:
-        """Launch on the current device: `args` are CuPy arrays (passed as their device pointers) and NumPy scalars
-        (np.int32, np.float32, np.uint64 for a raw device pointer, ...); `stream` is a raw cudaStream_t handle, by
-        default CuPy's current stream."""
+        """Launch on the current device: `args` are CuPy arrays (passed as their device pointers), NumPy scalars
+        (np.int32, np.float32, np.uint64 for a raw device pointer, ...) and NumPy arrays passed by value (their bytes:
+        a CUtensorMap, a struct); `stream` is a raw cudaStream_t handle, by default CuPy's current stream."""
         dev = cp.cuda.runtime.getDevice()
         fn = self._fn.get(dev) or self._configure(dev)
         types = tuple(map(type, args))
+        if _BLOB in types:  # a NumPy array passed by value: its layout depends on its size
+            types = tuple((t, a.nbytes) if t is _BLOB else t for t, a in zip(types, args))
         buf = _BUFFERS.get(types) or _arg_buffer(types)
         buf.launch(fn.ptr, grid, block, shared_mem, cp.cuda.get_current_stream().ptr if stream is None else stream,
                    buf.values(args))
@@ -118,6 +120,8 @@ _ARG_CODES = {np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q", np.f
 if np.dtype(np.uintp).itemsize == 8:
     _ARG_CODES[np.uintp] = "Q"
 _PTR = "Q" if np.dtype(np.uintp).itemsize == 8 else "I"  # how a device pointer is packed
+_BLOB = np.ndarray  # a host array passed by value: the driver copies each parameter's bytes from where its pointer
+#                    points, so a blob needs no alignment in this buffer (the kernel's own layout is the driver's job)
 _driver = cp.cuda.driver if cp is not None else None
 
 
@@ -132,11 +136,12 @@ class _ArgBuffer:
     """The kernel parameters of one tuple of argument types: a buffer holding the values at their C offsets, the
     array of pointers into it that cuLaunchKernel takes, and the lock that guards the buffer."""
 
-    __slots__ = ("fmt", "arrays", "buf", "params", "params_ptr", "lock")
+    __slots__ = ("fmt", "arrays", "blobs", "buf", "params", "params_ptr", "lock")
 
-    def __init__(self, codes: list, arrays: tuple = ()):
+    def __init__(self, codes: list, arrays: tuple = (), blobs: tuple = ()):
         self.fmt, offsets = _layout(codes)  # native sizes and alignment: the C ABI of the kernel's parameters
         self.arrays = arrays  # positions of the CuPy arrays (passed as their device pointers)
+        self.blobs = blobs  # positions of the NumPy arrays passed by value (as their bytes)
         self.buf = ctypes.create_string_buffer(max(struct.calcsize(self.fmt), 8))
         base = ctypes.addressof(self.buf)
         self.params = (ctypes.c_void_p * max(len(codes), 1))(*(base + off for off in offsets))
@@ -144,12 +149,14 @@ class _ArgBuffer:
         self.lock = threading.Lock()
 
     def values(self, args: tuple) -> tuple:
-        """The values to pack: args with each CuPy array replaced by its device pointer."""
-        if not self.arrays:
+        """The values to pack: args with each CuPy array replaced by its device pointer, each blob by its bytes."""
+        if not (self.arrays or self.blobs):
             return args
         values = list(args)
         for i in self.arrays:
             values[i] = values[i].data.ptr
+        for i in self.blobs:
+            values[i] = values[i].tobytes()
         return values
 
     def launch(self, fn_ptr: int, grid: tuple, block: tuple, smem: int, stream_ptr: int, values,
@@ -167,9 +174,10 @@ _BUFFERS: dict = {}  # tuple of argument types -> its _ArgBuffer
 
 
 def _arg_buffer(types: tuple) -> _ArgBuffer:
-    """The _ArgBuffer for this tuple of argument types, made once; TypeError for a type that is not a CuPy array or
-    a NumPy scalar (a Python int says nothing of its C type)."""
-    codes, arrays = [], []
+    """The _ArgBuffer for this tuple of argument types (a blob appears as (np.ndarray, its size in bytes)), made once;
+    TypeError for a type that is not a CuPy array, a NumPy scalar or a NumPy array (a Python int says nothing of its C
+    type)."""
+    codes, arrays, blobs = [], [], []
     ndarray = cp.ndarray if cp is not None else None
     for i, t in enumerate(types):
         if t is ndarray:
@@ -177,10 +185,13 @@ def _arg_buffer(types: tuple) -> _ArgBuffer:
             arrays.append(i)
         elif t in _ARG_CODES:
             codes.append(_ARG_CODES[t])
+        elif isinstance(t, tuple) and t[0] is _BLOB:
+            codes.append(f"{t[1]}s")
+            blobs.append(i)
         else:
-            raise TypeError(f"kernel argument {i} is a {t.__module__}.{t.__name__}; pass CuPy arrays and NumPy "
-                            f"scalars (np.int32, np.float32, np.uint64 for a raw device pointer, ...)")
-    buf = _BUFFERS[types] = _ArgBuffer(codes, tuple(arrays))
+            raise TypeError(f"kernel argument {i} is a {t.__module__}.{t.__name__}; pass CuPy arrays, NumPy scalars "
+                            f"(np.int32, np.float32, np.uint64 for a raw device pointer, ...) and NumPy arrays by value")
+    buf = _BUFFERS[types] = _ArgBuffer(codes, tuple(arrays), tuple(blobs))
     return buf
 
 
@@ -196,7 +207,7 @@ class Launch:
     once; a call packs the pointers and launches.
     """
 
-    __slots__ = ("grid", "block", "smem", "fn_ptr", "ptr_fmt", "args")
+    __slots__ = ("grid", "block", "smem", "fn_ptr", "n_ptrs", "ptr_fmt", "args")
 
     def __init__(self, kernel: Kernel, grid: tuple, block: tuple, smem: int, n_ptrs: int, tail: tuple, dev: int):
         codes = [_PTR] * n_ptrs
@@ -208,6 +219,7 @@ class Launch:
         self.block = tuple(block) + (1,) * (3 - len(block))
         self.smem = int(smem)
         self.fn_ptr = kernel.function(dev).ptr
+        self.n_ptrs = n_ptrs
         self.ptr_fmt = "@" + _PTR * n_ptrs
         self.args = _ArgBuffer(codes)
         struct.pack_into(self.args.fmt, self.args.buf, 0, *((0,) * n_ptrs + tuple(tail)))
