@@ -52,10 +52,8 @@
 //   blocks with an online softmax (no logits buffer), and one block serves all the query heads of a KV head, so
 //   under GQA each byte of the cache is read once instead of G times.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"  // u16, u32, DEVICE, exp2_ftz
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
 #define LN2 0.6931471805599453f
@@ -122,12 +120,6 @@ DEVICE void store(typename Elem<DT>::type* p, float x) {  // round to nearest ev
         asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
         *p = r;
     }
-}
-
-DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Block-wide max (MAX) or sum of one value per thread; `scratch` holds one float per warp. Every thread gets the
@@ -238,7 +230,7 @@ decode_ft(const typename Elem<DT>::type* __restrict__ q, const typename Elem<DT>
     const float base = mx == NEG_INF ? 0.f : mx;
     float local_sum = 0.f;
     for (int t = threadIdx.x; t < n; t += NTHREADS) {
-        const float p = exp2_approx(logits[t] - base);
+        const float p = exp2_ftz(logits[t] - base);
         logits[t] = p;
         local_sum += p;
     }

@@ -191,10 +191,10 @@
 //   How far apart the two are depends on the machine: in paired rounds (kernels.bench.decode's B = 16 shape, 7 to 9
 //   rounds each) seven H100 machine starts gave this kernel 0.994-1.001 of cuDNN's speed, six of them below 1.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"    // u16, u32, DEVICE, smem_addr, exp2_ftz
+#include "ptx/cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
+#include "ptx/mma_sync.cuh"  // ldmatrix_x4, ldmatrix_x4_trans, mma_16816, pack2
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
 #define LN2 0.6931471805599453f
@@ -215,7 +215,7 @@ enum : int {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// Conversions (inline PTX, no header): 16-bit values travel as their bit patterns.
+// Conversions: 16-bit values travel as their bit patterns.
 // ---------------------------------------------------------------------------------------------------------
 
 template <bool BF16>
@@ -249,12 +249,6 @@ DEVICE void unpack8(const uint4& raw, float (&f)[CHUNK_ELEMS]) {
         f[2 * i] = to_float<BF16>(w[i] & 0xffffu);
         f[2 * i + 1] = to_float<BF16>(w[i] >> 16);
     }
-}
-
-DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -391,11 +385,11 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, s[u][r]);
             const float base = mx == NEG_INF ? 0.f : mx;  // nothing visible yet: every p below is 2^-inf = 0
-            const float alpha = exp2_approx(m[r] - base);  // 0 on the first visible key (m = -inf)
+            const float alpha = exp2_ftz(m[r] - base);  // 0 on the first visible key (m = -inf)
             float psum = 0.f;
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                s[u][r] = exp2_approx(s[u][r] - base);
+                s[u][r] = exp2_ftz(s[u][r] - base);
                 psum += s[u][r];
             }
             l[r] = l[r] * alpha + psum;
@@ -423,7 +417,7 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
             const float lo = __shfl_xor_sync(FULL_MASK, l[r], off);
             const float mx = fmaxf(m[r], mo);
             const float base = mx == NEG_INF ? 0.f : mx;
-            const float a = exp2_approx(m[r] - base), a_o = exp2_approx(mo - base);
+            const float a = exp2_ftz(m[r] - base), a_o = exp2_ftz(mo - base);
             l[r] = l[r] * a + lo * a_o;
             m[r] = mx;
 #pragma unroll
@@ -459,7 +453,7 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
         float lsum = 0.f, val = 0.f;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) {
-            const float a = exp2_approx(s_m[w][r] - base);
+            const float a = exp2_ftz(s_m[w][r] - base);
             lsum = fmaf(a, s_l[w][r], lsum);
             val = fmaf(a, s_acc[w][r][e], val);
         }
@@ -504,57 +498,6 @@ enum : int {
 #ifndef MMA_STAGES
 #define MMA_STAGES 2
 #endif
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared without a trip through registers; in_range false writes 16 zero bytes, reads nothing.
-DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in_range ? 16 : 0)
-                 : "memory");
-}
-DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>  // wait until at most PENDING of this thread's committed groups are in flight
-DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
-
-// Four 8x8 matrices of 16-bit values: lane l gives the address of row l % 8 of matrix l / 8 and gets, of matrix i,
-// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 in r[i] (.trans: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1).
-DEVICE void ldsm_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-DEVICE void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-// d (16x8 float32) += a (16x16, row-major) * b (16x8, column-major), 16-bit operands. Lane l = 4g + t holds
-// a: rows g, g + 8 x columns 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9 (a[2], a[3]); b: rows 2t, 2t + 1 (b0) and
-// 2t + 8, 2t + 9 (b1) of column g; d: row g (d[0], d[1]) and row g + 8 (d[2], d[3]), columns 2t, 2t + 1.
-template <bool BF16>
-DEVICE void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if constexpr (BF16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-template <bool BF16>
-DEVICE u32 pack_two(float lo, float hi) {  // two floats -> two 16-bit values in one register, lo in the low half
-    u32 r;
-    if constexpr (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
 
 // Byte offset of 16-byte chunk c of key row r in a swizzled tile of rows of D 16-bit values.
 template <int D>
@@ -626,7 +569,7 @@ DEVICE void store_block_result(float* s_m, float* s_l, const float* s_acc, int r
         float lsum = 0.f;
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) {
-            const float a = exp2_approx(s_m[w * RB + r] - base);
+            const float a = exp2_ftz(s_m[w * RB + r] - base);
             lsum = fmaf(a, s_l[w * RB + r], lsum);
             s_m[w * RB + r] = a;
         }
@@ -705,12 +648,12 @@ DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, c
         for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
         const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
         float wsum = 0.f;
-        for (int s = lane; s < S; s += WARP_SIZE) wsum += exp2_approx((w[s] - base) * LOG2E);
+        for (int s = lane; s < S; s += WARP_SIZE) wsum += exp2_ftz((w[s] - base) * LOG2E);
 #pragma unroll
         for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
         const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
         __syncwarp();  // every lane has read w before any lane overwrites it
-        for (int s = lane; s < S; s += WARP_SIZE) w[s] = exp2_approx((w[s] - base) * LOG2E) * inv;
+        for (int s = lane; s < S; s += WARP_SIZE) w[s] = exp2_ftz((w[s] - base) * LOG2E) * inv;
         if (lane == 0) s_lse[r] = wsum > 0.f ? base + __logf(wsum) : NEG_INF;
     }
     __syncthreads();
@@ -839,9 +782,9 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
         for (int kk = 0; kk < KSTEPS; ++kk) {
             u32 kf[4];  // B fragments: n-tile 0 (kf[0], kf[1]) and n-tile 1 (kf[2], kf[3]) of k-step kk
             const int r = (lane >> 4) * 8 + (lane & 7), c = 2 * kk + ((lane >> 3) & 1);
-            ldsm_x4(kf, k_tile(stage) + tile_offset<D>(r, c));
-            mma16816<BF16>(s[0], qa[kk], kf[0], kf[1]);
-            mma16816<BF16>(s[1], qa[kk], kf[2], kf[3]);
+            ldmatrix_x4(kf, k_tile(stage) + tile_offset<D>(r, c));
+            mma_16816<BF16>(s[0], qa[kk], kf[0], kf[1]);
+            mma_16816<BF16>(s[1], qa[kk], kf[2], kf[3]);
         }
 
         // ---- mask and online softmax: a row's 16 scores lie in the 4 lanes of a quad ---------------------------
@@ -861,7 +804,7 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
             const float base = mx[h] == NEG_INF ? 0.f : mx[h];
-            alpha[h] = exp2_approx(m[h] - base);
+            alpha[h] = exp2_ftz(m[h] - base);
             m[h] = mx[h];
         }
         // P as the A operand of P V: row g keys 2t, 2t + 1 (pa[0]), row g + 8 (pa[1]); keys 8 + 2t.. (pa[2], pa[3])
@@ -872,12 +815,12 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
             for (int e = 0; e < 4; ++e) {
                 const int h = e >> 1;
                 const float base = m[h] == NEG_INF ? 0.f : m[h];
-                s[nt][e] = exp2_approx(s[nt][e] - base);
+                s[nt][e] = exp2_ftz(s[nt][e] - base);
             }
             l[0] = l[0] * (nt == 0 ? alpha[0] : 1.f) + s[nt][0] + s[nt][1];
             l[1] = l[1] * (nt == 0 ? alpha[1] : 1.f) + s[nt][2] + s[nt][3];
-            pa[2 * nt] = pack_two<BF16>(s[nt][0], s[nt][1]);
-            pa[2 * nt + 1] = pack_two<BF16>(s[nt][2], s[nt][3]);
+            pa[2 * nt] = pack2<BF16>(s[nt][0], s[nt][1]);
+            pa[2 * nt + 1] = pack2<BF16>(s[nt][2], s[nt][3]);
         }
 #pragma unroll
         for (int n2 = 0; n2 < NT_O; ++n2) {
@@ -890,9 +833,9 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
         for (int dn = 0; dn < NT_O / 2; ++dn) {
             u32 vf[4];
             const int r = ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * dn + (lane >> 4);
-            ldsm_x4_trans(vf, v_tile(stage) + tile_offset<D>(r, c));
-            mma16816<BF16>(acc[2 * dn], pa, vf[0], vf[1]);
-            mma16816<BF16>(acc[2 * dn + 1], pa, vf[2], vf[3]);
+            ldmatrix_x4_trans(vf, v_tile(stage) + tile_offset<D>(r, c));
+            mma_16816<BF16>(acc[2 * dn], pa, vf[0], vf[1]);
+            mma_16816<BF16>(acc[2 * dn + 1], pa, vf[2], vf[3]);
         }
         __syncwarp();  // every lane is done with this stage before iteration n + 1 refills it
     }
@@ -968,7 +911,7 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
     const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
     float wsum = 0.f;
-    for (int s = lane; s < num_splits; s += WARP_SIZE) wsum += exp2_approx((lp[s] - base) * LOG2E);
+    for (int s = lane; s < num_splits; s += WARP_SIZE) wsum += exp2_ftz((lp[s] - base) * LOG2E);
 #pragma unroll
     for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
 
@@ -977,7 +920,7 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     for (int e = 0; e < EPL; ++e) acc[e] = 0.f;
     const float* op = o_part + row * num_splits * D + lane * EPL;
     for (int s = 0; s < num_splits; ++s) {
-        const float w = exp2_approx((lp[s] - base) * LOG2E);  // exp(lse_s - max): 0 for an empty split
+        const float w = exp2_ftz((lp[s] - base) * LOG2E);  // exp(lse_s - max): 0 for an empty split
         float x[EPL];
         if constexpr (EPL == 4) {
             const float4 v4 = *reinterpret_cast<const float4*>(op + (long long)s * D);
