@@ -200,7 +200,7 @@
 #define LN2 0.6931471805599453f
 #define LOG2E 1.4426950408889634f
 
-// Warps per block of decode_split_kv and of decode_combine: the launcher passes both (-D), so the grid it computes
+// Warps per block of the split kernels and of decode_combine: the launcher passes both (-D), so the grid it computes
 // and the kernel's own layout come from one number.
 #ifndef DECODE_WARPS
 #define DECODE_WARPS 4
@@ -277,43 +277,45 @@ DEVICE void split_range(int L, int num_splits, int split, int& begin, int& end) 
     end = (int)min(b0 + chunk, (long long)L);
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// The split kernel. D: head dimension; RB: query rows held in registers; UNROLL: keys per lane per step (loads in
-// flight: 2 * UNROLL * 16 bytes per lane); BF16: bfloat16 (else float16).
-// ---------------------------------------------------------------------------------------------------------
-template <int D, int RB, int UNROLL, bool BF16>
-__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
-decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
-                const int* __restrict__ seqlens, const int* __restrict__ block_table, u16* __restrict__ o,
-                float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
-                int Tq, int cache_rows, int page_shift, int max_pages, int num_pages, int num_splits,
-                int row_chunks, float scale_log2) {
-    constexpr int NWARPS = DECODE_WARPS;
-    constexpr int NTHREADS = NWARPS * WARP_SIZE;
-    constexpr int TPK = D / CHUNK_ELEMS;  // lanes per key
-    constexpr int GPW = WARP_SIZE / TPK;  // keys per warp load
-    constexpr int KT = UNROLL * NWARPS * GPW;  // keys per block step
-    static_assert(D == 64 || D == 128, "D must be 64 or 128 (TPK = D / 8 lanes per key must divide a warp)");
-    static_assert(RB >= 1 && RB <= 8, "RB: 1 to 8 query rows in registers");
-    static_assert(UNROLL >= 1 && UNROLL <= 16, "UNROLL: 1 to 16 keys per lane per step");
-    static_assert(WARP_SIZE % TPK == 0 && NWARPS >= 1 && NTHREADS <= 1024, "bad lane layout");
+// The log-sum-exp weights of the S partials of one row, worked out by one warp (decode_combine and the merge inside
+// decode_split_mma): base = max_s lse_s (0 where every lse_s is -inf: no split saw a key, every weight is 0), and the
+// return value wsum = sum_s exp(lse_s - base). lse_s: natural log; lane l reads s = l, l + 32, ...
+DEVICE float warp_lse_weights(const float* lse_s, int S, int lane, float& base) {
+    float mx = NEG_INF;
+    for (int s = lane; s < S; s += WARP_SIZE) mx = fmaxf(mx, lse_s[s]);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
+    base = mx == NEG_INF ? 0.f : mx;
+    float wsum = 0.f;
+    for (int s = lane; s < S; s += WARP_SIZE) wsum += exp2_ftz((lse_s[s] - base) * LOG2E);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
+    return wsum;
+}
 
-    __shared__ float s_m[NWARPS][RB], s_l[NWARPS][RB];  // each warp's running max and sum per row
-    __shared__ __align__(16) float s_acc[NWARPS][RB][D];  // ... and its unnormalised o
+// =========================================================================================================
+// decode_split_kv: the CUDA-core kernel. D: head dimension; RB: query rows held in registers; UNROLL: keys per lane
+// per step (loads in flight: 2 * UNROLL * 16 bytes per lane); BF16: bfloat16 (else float16).
+//
+// Lanes: TPK = D / 8 lanes share one key, each holding one 16-byte chunk (8 elements) of it; a warp holds
+// GPW = 32 / TPK keys at once; a step covers KT = UNROLL * NWARPS * GPW consecutive keys: lane l of warp w takes key
+// t0 + (u * NWARPS + w) * GPW + l / TPK for u < UNROLL, so the GPW keys of one warp load are adjacent (512 contiguous
+// bytes per warp instruction, pages included: a page holds >= 16 keys).
+//
+//           lanes 0 .. TPK-1      lanes TPK .. 2 TPK-1   ...   (D = 128: TPK = 16, GPW = 2; D = 64: TPK = 8, GPW = 4)
+//   warp w  key t0 + w GPW,       key t0 + w GPW + 1,    ...   chunk c = lane % TPK: columns 8 c .. 8 c + 7
+//           chunks 0 .. TPK-1     chunks 0 .. TPK-1
+//
+// Why plain vector loads and not cp.async: nothing is staged in shared memory (each key is used by the lanes that load
+// it, straight from registers), so cp.async would only add a trip through shared memory; what it offers, many bytes
+// in flight per thread, comes here from issuing all 2 * UNROLL loads of a step before using any.
+// =========================================================================================================
 
-    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int grp = lane / TPK, c = lane % TPK;  // the key of the lane within its warp, the chunk within the key
-    const int split = blockIdx.x / row_chunks, rc = blockIdx.x % row_chunks;
-    const int hk = blockIdx.y, b = blockIdx.z;
-    const int G = Hq / Hkv, R = G * Tq;
-
-    // The sequence's length, clamped into [0, capacity]: no length can make the kernel read past the cache.
-    const int capacity = block_table == nullptr ? cache_rows : max_pages << page_shift;
-    const int L = min(max(seqlens[b], 0), capacity);
-
-    // This block's rows: their query vectors (chunk c, pre-scaled) and causal limits (keys j < lim are visible).
-    float qf[RB][CHUNK_ELEMS];
-    int lim[RB];
+// Step 1: this block's RB query rows in registers: chunk c of each (zeros past R), times scale_log2, and each row's
+// causal limit lim (keys j < lim are visible; 0 past R). Returns kmax, the largest limit: no row sees a key past it.
+template <int D, int RB, bool BF16>
+DEVICE int load_query_rows(float (&qf)[RB][CHUNK_ELEMS], int (&lim)[RB], const u16* __restrict__ q, int b, int hk,
+                           int rc, int c, int Hq, int G, int Tq, int R, int L, float scale_log2) {
     int kmax = 0;
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
@@ -331,84 +333,96 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
             kmax = max(kmax, lim[r]);
         }
     }
+    return kmax;
+}
 
-    int kb, ke;
-    split_range<KT>(L, num_splits, split, kb, ke);
-    ke = min(ke, kmax);  // no row of this block sees a key at or past kmax
-
-    float m[RB], l[RB], acc[RB][CHUNK_ELEMS];  // log2 units; every lane of a key group holds the same m and l
+// Step 2: all loads of a step first, 2 * UNROLL independent 16-byte loads per lane: chunk c of K and of V of the lane's
+// key key[u] = t0 + (u * NWARPS + warp) * GPW + grp. ok[u]: the key is below ke and on a page of the pool (else zeros).
+template <int D, int UNROLL, int NWARPS>
+DEVICE void load_step(uint4 (&kr)[UNROLL], uint4 (&vr)[UNROLL], int (&key)[UNROLL], bool (&ok)[UNROLL],
+                      const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+                      const int* __restrict__ block_table, int t0, int ke, int warp, int grp, int c, int b, int hk,
+                      int Hkv, int cache_rows, int page_shift, int max_pages, int num_pages) {
+    constexpr int GPW = WARP_SIZE / (D / CHUNK_ELEMS);  // keys per warp load
 #pragma unroll
-    for (int r = 0; r < RB; ++r) {
-        m[r] = NEG_INF;
-        l[r] = 0.f;
-#pragma unroll
-        for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = 0.f;
+    for (int u = 0; u < UNROLL; ++u) {
+        key[u] = t0 + (u * NWARPS + warp) * GPW + grp;
+        long long row = 0;
+        ok[u] = key[u] < ke && key_row(row, block_table, b, hk, key[u], Hkv, cache_rows, page_shift, max_pages,
+                                       num_pages);
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        kr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(k_cache + row * D) + c) : zero;
+        vr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(v_cache + row * D) + c) : zero;
     }
+}
 
-    // The loop bounds are the same for every thread of the block, so every shuffle below runs on a full warp.
-    for (int t0 = kb; t0 < ke; t0 += KT) {
-        uint4 kr[UNROLL], vr[UNROLL];
-        int key[UNROLL];
-        bool ok[UNROLL];
+// Step 3: s[u][r] = q_r . k_u in log2 units: each lane its 8 columns, then a butterfly over the TPK lanes of the key
+// (every lane of the key gets the sum); -inf for a missing key and past the row's causal limit.
+template <int D, int RB, int UNROLL, bool BF16>
+DEVICE void step_scores(float (&s)[UNROLL][RB], const float (&qf)[RB][CHUNK_ELEMS], const uint4 (&kr)[UNROLL],
+                        const int (&key)[UNROLL], const bool (&ok)[UNROLL], const int (&lim)[RB]) {
+    constexpr int TPK = D / CHUNK_ELEMS;  // lanes per key
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {  // all loads first: 2 * UNROLL independent 16-byte loads per lane
-            key[u] = t0 + (u * NWARPS + warp) * GPW + grp;
-            long long row = 0;
-            ok[u] = key[u] < ke && key_row(row, block_table, b, hk, key[u], Hkv, cache_rows, page_shift, max_pages,
-                                           num_pages);
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            kr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(k_cache + row * D) + c) : zero;
-            vr[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(v_cache + row * D) + c) : zero;
-        }
-
-        // s[u][r] = q_r . k_u (log2 units): each lane its 8 columns, then a butterfly over the TPK lanes of the key.
-        float s[UNROLL][RB];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float kf[CHUNK_ELEMS];
-            unpack8<BF16>(kr[u], kf);
-#pragma unroll
-            for (int r = 0; r < RB; ++r) {
-                float dot = 0.f;
-#pragma unroll
-                for (int e = 0; e < CHUNK_ELEMS; ++e) dot = fmaf(qf[r][e], kf[e], dot);
-#pragma unroll
-                for (int off = TPK / 2; off > 0; off /= 2) dot += __shfl_xor_sync(FULL_MASK, dot, off);
-                s[u][r] = (ok[u] && key[u] < lim[r]) ? dot : NEG_INF;
-            }
-        }
-
-        // Online softmax over this step's UNROLL keys of the lane's group, row by row; s becomes p in place.
+    for (int u = 0; u < UNROLL; ++u) {
+        float kf[CHUNK_ELEMS];
+        unpack8<BF16>(kr[u], kf);
 #pragma unroll
         for (int r = 0; r < RB; ++r) {
-            float mx = m[r];
+            float dot = 0.f;
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, s[u][r]);
-            const float base = mx == NEG_INF ? 0.f : mx;  // nothing visible yet: every p below is 2^-inf = 0
-            const float alpha = exp2_ftz(m[r] - base);  // 0 on the first visible key (m = -inf)
-            float psum = 0.f;
+            for (int e = 0; e < CHUNK_ELEMS; ++e) dot = fmaf(qf[r][e], kf[e], dot);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                s[u][r] = exp2_ftz(s[u][r] - base);
-                psum += s[u][r];
-            }
-            l[r] = l[r] * alpha + psum;
-            m[r] = mx;
-#pragma unroll
-            for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] *= alpha;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {  // acc += p v: each V chunk converted once, used by every row
-            float vf[CHUNK_ELEMS];
-            unpack8<BF16>(vr[u], vf);
-#pragma unroll
-            for (int r = 0; r < RB; ++r)
-#pragma unroll
-                for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = fmaf(s[u][r], vf[e], acc[r][e]);
+            for (int off = TPK / 2; off > 0; off /= 2) dot += __shfl_xor_sync(FULL_MASK, dot, off);
+            s[u][r] = (ok[u] && key[u] < lim[r]) ? dot : NEG_INF;
         }
     }
+}
 
-    // Merge the GPW key groups of the warp: lanes lane and lane ^ off (off >= TPK) hold the same chunk c.
+// Step 4: the online softmax over this step's UNROLL keys of the lane's group, row by row: m' = max(m, max_u s),
+// l = l 2^(m - m') + sum_u 2^(s - m'), acc *= 2^(m - m'); s becomes p = 2^(s - m') in place.
+template <int RB, int UNROLL>
+DEVICE void step_softmax(float (&s)[UNROLL][RB], float (&m)[RB], float (&l)[RB], float (&acc)[RB][CHUNK_ELEMS]) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+        float mx = m[r];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, s[u][r]);
+        const float base = mx == NEG_INF ? 0.f : mx;  // nothing visible yet: every p below is 2^-inf = 0
+        const float alpha = exp2_ftz(m[r] - base);  // 0 on the first visible key (m = -inf)
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            s[u][r] = exp2_ftz(s[u][r] - base);
+            psum += s[u][r];
+        }
+        l[r] = l[r] * alpha + psum;
+        m[r] = mx;
+#pragma unroll
+        for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] *= alpha;
+    }
+}
+
+// Step 5: acc += p v, each V chunk converted once and used by every row.
+template <int RB, int UNROLL, bool BF16>
+DEVICE void step_pv(float (&acc)[RB][CHUNK_ELEMS], const float (&p)[UNROLL][RB], const uint4 (&vr)[UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float vf[CHUNK_ELEMS];
+        unpack8<BF16>(vr[u], vf);
+#pragma unroll
+        for (int r = 0; r < RB; ++r)
+#pragma unroll
+            for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = fmaf(p[u][r], vf[e], acc[r][e]);
+    }
+}
+
+// Step 6 (first half): merge the GPW key groups of the warp by log-sum-exp (lanes lane and lane ^ off, off >= TPK, hold
+// the same chunk c of different keys), then lanes 0 .. TPK-1, which hold the warp's result, leave it in shared memory.
+template <int D, int RB, int NWARPS>
+DEVICE void warp_result_to_shared(float (&s_m)[NWARPS][RB], float (&s_l)[NWARPS][RB], float (&s_acc)[NWARPS][RB][D],
+                                  float (&m)[RB], float (&l)[RB], float (&acc)[RB][CHUNK_ELEMS], int warp, int grp,
+                                  int c) {
+    constexpr int TPK = D / CHUNK_ELEMS;  // lanes per key
 #pragma unroll
     for (int off = TPK; off < WARP_SIZE; off *= 2) {
 #pragma unroll
@@ -438,9 +452,17 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
             }
         }
     }
-    __syncthreads();
+}
 
-    // Merge the warps and write: thread x handles column x % D of row x / D (and so on, NTHREADS apart).
+// Step 6 (second half): merge the warps' results by log-sum-exp and write: thread x handles column x % D of row x / D
+// (and so on, NTHREADS apart). o_part null (num_splits == 1): the final o (16-bit) and lse; else this split's float32
+// partials.
+template <int D, int RB, int NWARPS, bool BF16>
+DEVICE void store_rows(const float (&s_m)[NWARPS][RB], const float (&s_l)[NWARPS][RB],
+                       const float (&s_acc)[NWARPS][RB][D], int rc, int R, int G, int Tq, int b, int Hq, int hk,
+                       int split, int num_splits, u16* __restrict__ o, float* __restrict__ lse,
+                       float* __restrict__ o_part, float* __restrict__ lse_part) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
     const bool direct = o_part == nullptr;  // num_splits == 1: the final o and lse
     for (int idx = threadIdx.x; idx < RB * D; idx += NTHREADS) {
         const int r = idx / D, e = idx % D;
@@ -471,24 +493,92 @@ decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, cons
     }
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// The tensor-core split kernel, decode_split_mma: the same grid, split ranges, masks and partials as
-// decode_split_kv, with the arithmetic moved to mma.sync so that the block is limited by loads alone.
+template <int D, int RB, int UNROLL, bool BF16>
+__global__ void __launch_bounds__(DECODE_WARPS * WARP_SIZE)
+decode_split_kv(const u16* __restrict__ q, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+                const int* __restrict__ seqlens, const int* __restrict__ block_table, u16* __restrict__ o,
+                float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
+                int Tq, int cache_rows, int page_shift, int max_pages, int num_pages, int num_splits,
+                int row_chunks, float scale_log2) {
+    constexpr int NWARPS = DECODE_WARPS;
+    constexpr int NTHREADS = NWARPS * WARP_SIZE;
+    constexpr int TPK = D / CHUNK_ELEMS;  // lanes per key
+    constexpr int GPW = WARP_SIZE / TPK;  // keys per warp load
+    constexpr int KT = UNROLL * NWARPS * GPW;  // keys per block step
+    static_assert(D == 64 || D == 128, "D must be 64 or 128 (TPK = D / 8 lanes per key must divide a warp)");
+    static_assert(RB >= 1 && RB <= 8, "RB: 1 to 8 query rows in registers");
+    static_assert(UNROLL >= 1 && UNROLL <= 16, "UNROLL: 1 to 16 keys per lane per step");
+    static_assert(WARP_SIZE % TPK == 0 && NWARPS >= 1 && NTHREADS <= 1024, "bad lane layout");
+
+    __shared__ float s_m[NWARPS][RB], s_l[NWARPS][RB];  // each warp's running max and sum per row
+    __shared__ __align__(16) float s_acc[NWARPS][RB][D];  // ... and its unnormalised o
+
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int grp = lane / TPK, c = lane % TPK;  // the key of the lane within its warp, the chunk within the key
+    const int split = blockIdx.x / row_chunks, rc = blockIdx.x % row_chunks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int G = Hq / Hkv, R = G * Tq;
+
+    // The sequence's length, clamped into [0, capacity]: no length can make the kernel read past the cache.
+    const int capacity = block_table == nullptr ? cache_rows : max_pages << page_shift;
+    const int L = min(max(seqlens[b], 0), capacity);
+
+    // ---- 1. the block's query rows (chunk c, pre-scaled) and causal limits; the split's key range ----------------
+    float qf[RB][CHUNK_ELEMS];
+    int lim[RB];
+    const int kmax = load_query_rows<D, RB, BF16>(qf, lim, q, b, hk, rc, c, Hq, G, Tq, R, L, scale_log2);
+    int kb, ke;
+    split_range<KT>(L, num_splits, split, kb, ke);
+    ke = min(ke, kmax);  // no row of this block sees a key at or past kmax
+
+    float m[RB], l[RB], acc[RB][CHUNK_ELEMS];  // log2 units; every lane of a key group holds the same m and l
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+        m[r] = NEG_INF;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < CHUNK_ELEMS; ++e) acc[r][e] = 0.f;
+    }
+
+    // ---- 2-5. stream the range, KT keys a step ---------------------------------------------------------------
+    // The loop bounds are the same for every thread of the block, so every shuffle below runs on a full warp.
+    for (int t0 = kb; t0 < ke; t0 += KT) {
+        uint4 kr[UNROLL], vr[UNROLL];
+        int key[UNROLL];
+        bool ok[UNROLL];
+        load_step<D, UNROLL, NWARPS>(kr, vr, key, ok, k_cache, v_cache, block_table, t0, ke, warp, grp, c, b, hk, Hkv,
+                                     cache_rows, page_shift, max_pages, num_pages);
+        float s[UNROLL][RB];
+        step_scores<D, RB, UNROLL, BF16>(s, qf, kr, key, ok, lim);
+        step_softmax<RB, UNROLL>(s, m, l, acc);
+        step_pv<RB, UNROLL, BF16>(acc, s, vr);
+    }
+
+    // ---- 6. merge the key groups, then the warps, and write ---------------------------------------------------
+    warp_result_to_shared<D, RB, NWARPS>(s_m, s_l, s_acc, m, l, acc, warp, grp, c);
+    __syncthreads();
+    store_rows<D, RB, NWARPS, BF16>(s_m, s_l, s_acc, rc, R, G, Tq, b, Hq, hk, split, num_splits, o, lse, o_part,
+                                    lse_part);
+}
+
+// =========================================================================================================
+// decode_split_mma: the tensor-core kernel. The same grid, split ranges, masks and partials as decode_split_kv, with
+// the arithmetic moved to mma.sync so that the block is limited by loads alone.
 //
-//   Rows: a block serves MMA_ROWS = 16 query rows of its KV head (the M of m16n8k16; rows past G * Tq are zeros
-//   and their results are dropped), so row chunks are ceil(G * Tq / 16).
-//   Keys: each warp streams its own tiles of MMA_KEYS = 16 keys (warp w takes tiles w, w + NWARPS, ... of the
-//   block's range) through MMA_STAGES shared-memory buffers filled with cp.async: a warp waits only for its own
-//   copies, so no block-wide barrier sits in the loop. The 16-byte chunks of a key row are stored XOR-swizzled
-//   (chunk c of row r at position c ^ (r % 8)), so that ldmatrix's eight row addresses hit eight different banks.
-//   Per tile: S = Q K^T is 2 n-tiles x D/16 k-steps of mma (K read by ldmatrix as the col-major B operand), the
-//   mask (past the range, past the row's causal limit, a skipped page), the online softmax on the accumulator
-//   fragments (a row's 16 scores sit in the 4 lanes of a quad), P packed to 16 bits as the A operand, and
-//   O += P V as D/8 mma (V read by ldmatrix.trans). Per warp that is 3 * D / 8 mma per 16 keys: next to the
-//   4 * D bytes the tile brings, the tensor cores are idle most of the time, which is the point.
-//   At the end the warps' (m, l, o) meet in shared memory (the tile buffers, drained first) and
-//   store_block_result merges and writes them, as in decode_split_kv.
-// ---------------------------------------------------------------------------------------------------------
+//   Rows: a block serves MMA_ROWS = 16 query rows of its KV head (the M of m16n8k16; rows past G * Tq are zeros and
+//   their results are dropped), so row chunks are ceil(G * Tq / 16).
+//   Keys: each warp streams its own tiles of MMA_KEYS = 16 keys (warp w takes tiles w, w + NWARPS, ... of the block's
+//   range) through MMA_STAGES shared-memory buffers filled with cp.async: a warp waits only for its own copies, so no
+//   block-wide barrier sits in the loop. The 16-byte chunks of a key row are stored XOR-swizzled (chunk c of row r at
+//   position c ^ (r % 8)), so that ldmatrix's eight row addresses hit eight different banks.
+//   Per tile: S = Q K^T is 2 n-tiles x D/16 k-steps of mma (K read by ldmatrix as the col-major B operand), the mask
+//   (past the range, past the row's causal limit, a skipped page), the online softmax on the accumulator fragments (a
+//   row's 16 scores sit in the 4 lanes of a quad), P packed to 16 bits as the A operand, and O += P V as D/8 mma (V
+//   read by ldmatrix.trans). Per warp that is 3 * D / 8 mma per 16 keys: next to the 4 * D bytes the tile brings, the
+//   tensor cores are idle most of the time, which is the point.
+//   At the end the warps' (m, l, o) meet in shared memory (the tile buffers, drained first) and store_block_result
+//   merges and writes them; with S > 1 and `arrivals`, the last block of each group merges the S partials.
+// =========================================================================================================
 enum : int {
     MMA_ROWS = 16,          // query rows per block: the M of the mma
     MMA_KEYS = 16,          // keys per warp tile: two n-tiles of the scores, one k-step of P V
@@ -505,12 +595,37 @@ DEVICE u32 tile_offset(int r, int c) {
     return static_cast<u32>((r * (D / CHUNK_ELEMS) + (c ^ (r & 7))) * 16);
 }
 
-// One warp copies keys [key0, key0 + MMA_KEYS) of K and V into its tile buffers (cp.async, not waited for) and
-// returns the bit mask of the keys that exist: below ke and, paged, on a page inside the pool. Missing keys are
-// zero-filled and never read from memory. key0 is a multiple of MMA_KEYS (the split ranges are whole block steps)
-// and a page holds at least MMA_KEYS keys, so the tile's keys are consecutive rows of one page (or of the contiguous
-// cache): one look-up gives the first row, and each round of copies steps KPR rows further. Looking each key up
-// again (a page read and 64-bit index arithmetic per round) made about half of the kernel's instructions.
+// Step 1: q of rows g and g + 8 of this chunk as mma A fragments (zeros for rows past R), and their causal limits.
+// Returns kmax, the largest causal limit over the chunk's 16 rows (rows past R have limit 0).
+template <int D>
+DEVICE int load_query_fragments(u32 (&qa)[D / 16][4], int (&lim)[2], const u16* __restrict__ q, int b, int hk,
+                                int rc, int g, int t, int Hq, int G, int Tq, int R, int L) {
+    int kmax = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int gr = rc * MMA_ROWS + g + 8 * h;
+        const bool real = gr < R;
+        const int i = real ? gr % Tq : 0, hq = real ? hk * G + gr / Tq : 0;
+        const u32* qrow = reinterpret_cast<const u32*>(q + (((long long)b * Hq + hq) * Tq + i) * D);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            qa[kk][h] = real ? __ldg(qrow + kk * 8 + t) : 0u;           // columns 16 kk + 2t, + 1
+            qa[kk][h + 2] = real ? __ldg(qrow + kk * 8 + 4 + t) : 0u;   // columns 16 kk + 8 + 2t, + 1
+        }
+        lim[h] = real ? max(L - Tq + 1 + i, 0) : 0;
+    }
+    for (int r = 0; r < MMA_ROWS; ++r) {
+        const int gr = rc * MMA_ROWS + r;
+        if (gr < R) kmax = max(kmax, max(L - Tq + 1 + gr % Tq, 0));
+    }
+    return kmax;
+}
+
+// Step 2: one warp copies keys [key0, key0 + MMA_KEYS) of K and V into its tile buffers (cp.async, not waited for)
+// and returns the bit mask of the keys that exist: below ke and, paged, on a page inside the pool. Missing keys are
+// zero-filled and never read from memory. key0 is a multiple of MMA_KEYS (the split ranges are whole block steps) and
+// a page holds at least MMA_KEYS keys, so the tile's keys are consecutive rows of one page (or of the contiguous
+// cache): one look-up gives the first row, and each round of copies steps KPR rows further.
 template <int D>
 DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
                         const int* __restrict__ block_table, int b, int hk, int key0, int ke, int Hkv, int cache_rows,
@@ -536,23 +651,125 @@ DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache,
     return __reduce_or_sync(FULL_MASK, ok_bits);
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// The end of decode_split_mma: merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write (the
-// same merge as the end of decode_split_kv, written out there so that the kernel reads top to bottom).
-// s_m, s_l: [NWARPS][RB] running max (log2 units) and sum; s_acc: [NWARPS][RB][D] unnormalised o, column e of row
-// r stored at acc_column(r, e) (see there). The caller has synchronised the block after writing them, rows past R
-// left out. Two steps: (1) thread r works out row r's weights (one per warp), sum and lse once and leaves them in
-// s_m and s_l; (2) thread x merges 4 columns of a row (float4 reads, one 8- or 16-byte store), NTHREADS items apart.
-// num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32 partial o and lse.
-// ---------------------------------------------------------------------------------------------------------
-// Where column e of row r of a warp's o sits in s_acc: e with bits 3 and 4 flipped by r % 4. The mma leaves
-// columns 8 n + 2t, + 1 of rows g and g + 8 in lane 4g + t; stored as float2 at the plain column, the eight rows g
-// of one store fall on one bank (a row is D floats, a multiple of 32 banks): an 8-way conflict. Flipped, rows
-// g = 0..3 take four different 8-column groups, so a warp's 32 float2 fill the 32 banks twice: 2 wavefronts, the
-// least 256 bytes can take. The swap stays inside aligned groups of 4 and of 32 columns, so float4 reads along a
-// row stay whole and conflict-free.
+// Step 3: the scores of one tile, s[nt] = q K^T for keys key0 + 8 nt .. + 7, in the mma's C layout: lane 4g + t holds
+// rows g (s[nt][0], s[nt][1]) and g + 8 (s[nt][2], s[nt][3]), keys 8 nt + 2t, + 1. k_tile(stage): the shared-window
+// address of the stage's K tile (the caller's function, called here: the addresses then compile as they did inline).
+template <int D, bool BF16, class TileAt>
+DEVICE void tile_scores(float (&s)[2][4], const u32 (&qa)[D / 16][4], const TileAt& k_tile, int stage, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 kf[4];  // B fragments: n-tile 0 (kf[0], kf[1]) and n-tile 1 (kf[2], kf[3]) of k-step kk
+        const int r = (lane >> 4) * 8 + (lane & 7), c = 2 * kk + ((lane >> 3) & 1);
+        ldmatrix_x4(kf, k_tile(stage) + tile_offset<D>(r, c));
+        mma_16816<BF16>(s[0], qa[kk], kf[0], kf[1]);
+        mma_16816<BF16>(s[1], qa[kk], kf[2], kf[3]);
+    }
+}
+
+// Steps 3-4: mask and online softmax on the accumulator fragments (a row's 16 scores lie in the 4 lanes of a quad):
+// s -> p = 2^(s scale_log2 - m'), m -> m', l = l alpha + this lane's sum of p, alpha = 2^(m - m') per row (for the
+// rescale of o), and P packed to 16 bits as the A operand of P V: row g keys 2t, 2t + 1 (pa[0]), row g + 8 (pa[1]);
+// keys 8 + 2t, + 1 (pa[2], pa[3]). The C layout of the two score n-tiles is, element for element, that A layout.
+template <bool BF16>
+DEVICE void tile_softmax(float (&s)[2][4], float (&m)[2], float (&l)[2], float (&alpha)[2], u32 (&pa)[4], u32 valid,
+                         int key0, const int (&lim)[2], int t, float scale_log2) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int kr = nt * 8 + 2 * t + (e & 1), h = e >> 1;
+            const bool see = ((valid >> kr) & 1u) && key0 + kr < lim[h];
+            s[nt][e] = see ? s[nt][e] * scale_log2 : NEG_INF;
+            mx[h] = fmaxf(mx[h], s[nt][e]);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+        const float base = mx[h] == NEG_INF ? 0.f : mx[h];
+        alpha[h] = exp2_ftz(m[h] - base);
+        m[h] = mx[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            const float base = m[h] == NEG_INF ? 0.f : m[h];
+            s[nt][e] = exp2_ftz(s[nt][e] - base);
+        }
+        l[0] = l[0] * (nt == 0 ? alpha[0] : 1.f) + s[nt][0] + s[nt][1];
+        l[1] = l[1] * (nt == 0 ? alpha[1] : 1.f) + s[nt][2] + s[nt][3];
+        pa[2 * nt] = pack2<BF16>(s[nt][0], s[nt][1]);
+        pa[2 * nt + 1] = pack2<BF16>(s[nt][2], s[nt][3]);
+    }
+}
+
+// Step 5: o = o 2^(m - m') + P V: the rescale, then V's B fragments by ldmatrix.trans, two n-tiles of o per load.
+// v_tile(stage): the shared-window address of the stage's V tile.
+template <int D, bool BF16, class TileAt>
+DEVICE void tile_pv(float (&acc)[D / 8][4], const float (&alpha)[2], const u32 (&pa)[4], const TileAt& v_tile,
+                    int stage, int lane) {
+#pragma unroll
+    for (int n2 = 0; n2 < D / 8; ++n2) {
+        acc[n2][0] *= alpha[0], acc[n2][1] *= alpha[0];
+        acc[n2][2] *= alpha[1], acc[n2][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+        u32 vf[4];
+        const int r = ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * dn + (lane >> 4);
+        ldmatrix_x4_trans(vf, v_tile(stage) + tile_offset<D>(r, c));
+        mma_16816<BF16>(acc[2 * dn], pa, vf[0], vf[1]);
+        mma_16816<BF16>(acc[2 * dn + 1], pa, vf[2], vf[3]);
+    }
+}
+
+// Where column e of row r of a warp's o sits in s_acc: e with bits 3 and 4 flipped by r % 4. The mma leaves columns
+// 8 n + 2t, + 1 of rows g and g + 8 in lane 4g + t; stored as float2 at the plain column, the eight rows g of one store
+// fall on one bank (a row is D floats, a multiple of 32 banks): an 8-way conflict. Flipped, rows g = 0..3 take four
+// different 8-column groups, so a warp's 32 float2 fill the 32 banks twice: 2 wavefronts, the least 256 bytes can
+// take. The swap stays inside aligned groups of 4 and of 32 columns, so float4 reads along a row stay whole and
+// conflict-free.
 DEVICE int acc_column(int r, int e) { return e ^ ((r & 3) << 3); }
 
+// Step 6 (first half): the warp's (m, l, o) to shared memory, once every warp has left its tiles (the barrier inside):
+// o of rows g, g + 8 into s_acc[warp] at acc_column, m and l (the quad's sum) into s_m, s_l. Rows past R are left out.
+template <int D, int NWARPS>
+DEVICE void warp_state_to_shared(float* s_acc, float (&s_m)[NWARPS][MMA_ROWS], float (&s_l)[NWARPS][MMA_ROWS],
+                                 const float (&acc)[D / 8][4], const float (&m)[2], float (&l)[2], int warp, int g,
+                                 int t, int rc, int R) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+    }
+    __syncthreads();  // every warp has left its tiles
+    const int nr = min(MMA_ROWS, R - rc * MMA_ROWS);  // rows of this chunk that exist (the rest are dropped)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        if (row >= nr) continue;
+        float* dst = s_acc + (warp * MMA_ROWS + row) * D;
+#pragma unroll
+        for (int n2 = 0; n2 < D / 8; ++n2)
+            *reinterpret_cast<float2*>(dst + acc_column(row, n2 * 8 + 2 * t)) =
+                make_float2(acc[n2][2 * h], acc[n2][2 * h + 1]);
+    }
+    if (t == 0) {
+        s_m[warp][g] = m[0], s_m[warp][g + 8] = m[1];
+        s_l[warp][g] = l[0], s_l[warp][g + 8] = l[1];
+    }
+}
+
+// Step 6 (second half): merge the NWARPS warps' states of the block's RB rows by log-sum-exp and write
+// (decode_split_kv's store_rows, laid out for wide stores). s_m, s_l: [NWARPS][RB] running max (log2 units) and sum;
+// s_acc: [NWARPS][RB][D] unnormalised o, column e of row r at acc_column(r, e). The caller has synchronised the block
+// after writing them, rows past R left out. Two steps: (1) thread r works out row r's weights (one per warp), sum and
+// lse once and leaves them in s_m and s_l; (2) thread x merges 4 columns of a row (float4 reads, one 8- or 16-byte
+// store), NTHREADS items apart. num_splits == 1 (o_part null): the final o (16-bit) and lse; else this split's float32
+// partial o and lse.
 template <int D, int RB, int NWARPS, bool BF16>
 DEVICE void store_block_result(float* s_m, float* s_l, const float* s_acc, int rc, int R, int G, int Tq, int b,
                                int Hq, int hk, int split, int num_splits, u16* __restrict__ o,
@@ -606,18 +823,36 @@ DEVICE void store_block_result(float* s_m, float* s_l, const float* s_acc, int r
     }
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// The combine inside decode_split_mma (num_splits > 1): the block that arrives last for its (sequence, KV head, row
-// chunk) merges the S partials of the chunk's rows, so no second kernel is launched. The same merge as
-// decode_combine (lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s), laid out for one block and a few
-// rows: (1) the rows' S lse values into shared memory, (2) one warp per row turns them into weights, (3) each thread
-// sums S float4 of o_part for its (row, 4 columns), the S loads independent of each other. The merge sits at the
-// very end of the launch, so its loads are latency, not bandwidth: where every (row, 4 columns) item has a thread
-// of its own and S <= MERGE_PREFETCH (up to 4 rows per KV head at d = 128, 8 at d = 64), each thread issues its
-// S o_part loads before (1), and both kinds of partial arrive in one round trip instead of two.
-// The partials were written by other blocks: they are read through L2 (ld.global.cg), never from this SM's L1.
-// s_w: scratch of MMA_ROWS * num_splits + MMA_ROWS floats (the drained tile buffers).
-// ---------------------------------------------------------------------------------------------------------
+// Step 7 (first half): count this block's arrival on its group's counter; true (in every thread) in the last of the
+// num_splits blocks to arrive, which sets the counter back to zero for the next launch. No fence per thread: the
+// barrier orders every thread's partial stores before thread 0's atomic, and the atomic's release half (gpu scope) is
+// cumulative, so it publishes the whole block's stores, not only thread 0's (the same arrive as CUTLASS's
+// GenericBarrier: a block barrier, then one releasing add). Its acquire half orders the last block's reads of the
+// others' partials after it.
+DEVICE bool last_to_arrive(unsigned int* __restrict__ arrivals, int b, int hk, int Hkv, int row_chunks, int rc,
+                           int num_splits, int& s_last) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* count = arrivals + ((long long)b * Hkv + hk) * row_chunks + rc;
+        unsigned int before;  // release: this block's partials (above); acquire: the others' (read below, after the
+                              // barrier, by every thread of the last block)
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(count) : "memory");
+        s_last = before == static_cast<unsigned int>(num_splits) - 1u;
+        if (s_last) *count = 0u;  // every block of the group has arrived: zero again for the next launch
+    }
+    __syncthreads();
+    return s_last;
+}
+
+// Step 7 (second half, num_splits > 1, the last block of a group): merge the S partials of the chunk's rows, so that no
+// second kernel is launched. The same merge as decode_combine (lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse)
+// o_s), laid out for one block and a few rows: (1) the rows' S lse values into shared memory, (2) one warp per row
+// turns them into weights, (3) each thread sums S float4 of o_part for its (row, 4 columns), the S loads independent of
+// each other. The merge sits at the very end of the launch, so its loads are latency, not bandwidth: where every (row,
+// 4 columns) item has a thread of its own and S <= MERGE_PREFETCH (up to 4 rows per KV head at d = 128, 8 at d = 64),
+// each thread issues its S o_part loads before (1), and both kinds of partial arrive in one round trip instead of two.
+// The partials were written by other blocks: they are read through L2 (ld.global.cg), never from this SM's L1. s_w:
+// scratch of MMA_ROWS * num_splits + MMA_ROWS floats (the drained tile buffers).
 template <int D, int NTHREADS, bool BF16>
 DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                  u16* __restrict__ o, float* __restrict__ lse, int rc, int R, int G, int Tq, int b,
@@ -642,15 +877,8 @@ DEVICE void merge_chunk_partials(float* s_w, const float* __restrict__ o_part, c
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     for (int r = warp; r < nr; r += NTHREADS / WARP_SIZE) {
         float* w = s_w + r * S;
-        float mx = NEG_INF;
-        for (int s = lane; s < S; s += WARP_SIZE) mx = fmaxf(mx, w[s]);
-#pragma unroll
-        for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
-        const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
-        float wsum = 0.f;
-        for (int s = lane; s < S; s += WARP_SIZE) wsum += exp2_ftz((w[s] - base) * LOG2E);
-#pragma unroll
-        for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
+        float base;
+        const float wsum = warp_lse_weights(w, S, lane, base);
         const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
         __syncwarp();  // every lane has read w before any lane overwrites it
         for (int s = lane; s < S; s += WARP_SIZE) w[s] = exp2_ftz((w[s] - base) * LOG2E) * inv;
@@ -709,6 +937,7 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ u32 s_valid[NWARPS][MMA_STAGES];  // which keys of each staged tile exist
     __shared__ float s_m[NWARPS][MMA_ROWS], s_l[NWARPS][MMA_ROWS];
+    __shared__ int s_last;
 
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / 4, t = lane % 4;  // the mma's row group and thread-in-group
@@ -718,29 +947,10 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
     const int capacity = block_table == nullptr ? cache_rows : max_pages << page_shift;
     const int L = min(max(seqlens[b], 0), capacity);
 
-    // q of rows g and g + 8 of this chunk as mma A fragments (zeros for rows past R), and their causal limits.
+    // ---- 1. q as A fragments, the causal limits; the split's key range and this warp's tiles -------------------
     u32 qa[KSTEPS][4];
     int lim[2];
-    int kmax = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int gr = rc * MMA_ROWS + g + 8 * h;
-        const bool real = gr < R;
-        const int i = real ? gr % Tq : 0, hq = real ? hk * G + gr / Tq : 0;
-        const u32* qrow = reinterpret_cast<const u32*>(q + (((long long)b * Hq + hq) * Tq + i) * D);
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            qa[kk][h] = real ? __ldg(qrow + kk * 8 + t) : 0u;           // columns 16 kk + 2t, + 1
-            qa[kk][h + 2] = real ? __ldg(qrow + kk * 8 + 4 + t) : 0u;   // columns 16 kk + 8 + 2t, + 1
-        }
-        lim[h] = real ? max(L - Tq + 1 + i, 0) : 0;
-    }
-    // kmax over the block's 16 rows: rows past R have lim 0
-    for (int r = 0; r < MMA_ROWS; ++r) {
-        const int gr = rc * MMA_ROWS + r;
-        if (gr < R) kmax = max(kmax, max(L - Tq + 1 + gr % Tq, 0));
-    }
-
+    const int kmax = load_query_fragments<D>(qa, lim, q, b, hk, rc, g, t, Hq, G, Tq, R, L);
     int kb, ke;
     split_range<KT>(L, num_splits, split, kb, ke);
     ke = min(ke, kmax);
@@ -765,6 +975,7 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
 #pragma unroll
     for (int n = 0; n < NT_O; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 
+    // ---- 2-5. the warp's pipeline: copy tile n + MMA_STAGES - 1 while tile n is used ---------------------------
 #pragma unroll
     for (int n = 0; n < MMA_STAGES - 1; ++n) issue(n);
 
@@ -775,124 +986,32 @@ decode_split_mma(const u16* __restrict__ q, const u16* __restrict__ k_cache, con
         const int stage = n % MMA_STAGES;
         const int key0 = kb + (warp + n * NWARPS) * MMA_KEYS;
         const u32 valid = s_valid[warp][stage];
-
-        // ---- scores: s[nt] = q K^T for keys key0 + 8 nt .. + 7 -------------------------------------------------
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            u32 kf[4];  // B fragments: n-tile 0 (kf[0], kf[1]) and n-tile 1 (kf[2], kf[3]) of k-step kk
-            const int r = (lane >> 4) * 8 + (lane & 7), c = 2 * kk + ((lane >> 3) & 1);
-            ldmatrix_x4(kf, k_tile(stage) + tile_offset<D>(r, c));
-            mma_16816<BF16>(s[0], qa[kk], kf[0], kf[1]);
-            mma_16816<BF16>(s[1], qa[kk], kf[2], kf[3]);
-        }
-
-        // ---- mask and online softmax: a row's 16 scores lie in the 4 lanes of a quad ---------------------------
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int kr = nt * 8 + 2 * t + (e & 1), h = e >> 1;
-                const bool see = ((valid >> kr) & 1u) && key0 + kr < lim[h];
-                s[nt][e] = see ? s[nt][e] * scale_log2 : NEG_INF;
-                mx[h] = fmaxf(mx[h], s[nt][e]);
-            }
+        tile_scores<D, BF16>(s, qa, k_tile, stage, lane);
         float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
-            const float base = mx[h] == NEG_INF ? 0.f : mx[h];
-            alpha[h] = exp2_ftz(m[h] - base);
-            m[h] = mx[h];
-        }
-        // P as the A operand of P V: row g keys 2t, 2t + 1 (pa[0]), row g + 8 (pa[1]); keys 8 + 2t.. (pa[2], pa[3])
         u32 pa[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1;
-                const float base = m[h] == NEG_INF ? 0.f : m[h];
-                s[nt][e] = exp2_ftz(s[nt][e] - base);
-            }
-            l[0] = l[0] * (nt == 0 ? alpha[0] : 1.f) + s[nt][0] + s[nt][1];
-            l[1] = l[1] * (nt == 0 ? alpha[1] : 1.f) + s[nt][2] + s[nt][3];
-            pa[2 * nt] = pack2<BF16>(s[nt][0], s[nt][1]);
-            pa[2 * nt + 1] = pack2<BF16>(s[nt][2], s[nt][3]);
-        }
-#pragma unroll
-        for (int n2 = 0; n2 < NT_O; ++n2) {
-            acc[n2][0] *= alpha[0], acc[n2][1] *= alpha[0];
-            acc[n2][2] *= alpha[1], acc[n2][3] *= alpha[1];
-        }
-
-        // ---- o += P V: V's B fragments by ldmatrix.trans, two n-tiles of o per load -------------------------------
-#pragma unroll
-        for (int dn = 0; dn < NT_O / 2; ++dn) {
-            u32 vf[4];
-            const int r = ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * dn + (lane >> 4);
-            ldmatrix_x4_trans(vf, v_tile(stage) + tile_offset<D>(r, c));
-            mma_16816<BF16>(acc[2 * dn], pa, vf[0], vf[1]);
-            mma_16816<BF16>(acc[2 * dn + 1], pa, vf[2], vf[3]);
-        }
+        tile_softmax<BF16>(s, m, l, alpha, pa, valid, key0, lim, t, scale_log2);
+        tile_pv<D, BF16>(acc, alpha, pa, v_tile, stage, lane);
         __syncwarp();  // every lane is done with this stage before iteration n + 1 refills it
     }
     cp_async_wait<0>();  // the trailing (empty) groups too: the tiles are reused below
 
-    // ---- the warp's (m, l, o) to shared memory, then merge the warps and write ------------------------------------
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
-        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
-    }
-    __syncthreads();  // every warp has left its tiles
+    // ---- 6. the warps' (m, l, o) to shared memory, then merge the warps and write ----------------------------------
     float* s_acc = reinterpret_cast<float*>(smem);  // [NWARPS][MMA_ROWS][D], columns as acc_column places them
-    const int nr = min(MMA_ROWS, R - rc * MMA_ROWS);  // rows of this chunk that exist (the rest are dropped)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = g + 8 * h;
-        if (row >= nr) continue;
-        float* dst = s_acc + (warp * MMA_ROWS + row) * D;
-#pragma unroll
-        for (int n2 = 0; n2 < NT_O; ++n2)
-            *reinterpret_cast<float2*>(dst + acc_column(row, n2 * 8 + 2 * t)) =
-                make_float2(acc[n2][2 * h], acc[n2][2 * h + 1]);
-    }
-    if (t == 0) {
-        s_m[warp][g] = m[0], s_m[warp][g + 8] = m[1];
-        s_l[warp][g] = l[0], s_l[warp][g + 8] = l[1];
-    }
+    warp_state_to_shared<D, NWARPS>(s_acc, s_m, s_l, acc, m, l, warp, g, t, rc, R);
     __syncthreads();
     store_block_result<D, MMA_ROWS, NWARPS, BF16>(&s_m[0][0], &s_l[0][0], s_acc, rc, R, G, Tq, b, Hq, hk, split,
                                                   num_splits, o, lse, o_part, lse_part);
     if (o_part == nullptr || arrivals == nullptr) return;  // one split, or the caller runs decode_combine
 
-    // ---- the last of the S blocks of this (sequence, KV head, row chunk) to finish merges their partials ---------
-    __shared__ int s_last;
-    // No fence per thread: the barrier orders every thread's partial stores before thread 0's atomic, and the
-    // atomic's release half (gpu scope) is cumulative, so it publishes the whole block's stores, not only thread 0's
-    // (the same arrive as CUTLASS's GenericBarrier: a block barrier, then one releasing add). A __threadfence in
-    // every thread made each wait for its own stores first: 0.1-0.25 us more between a block's stores and the end
-    // of the merge on the H100 (B = 1, 4k and 32k keys).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned int* count = arrivals + ((long long)b * Hkv + hk) * row_chunks + rc;
-        unsigned int before;  // release: this block's partials (above); acquire: the others' (read below, after the
-                              // barrier, by every thread of the last block)
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(count) : "memory");
-        s_last = before == static_cast<unsigned int>(num_splits) - 1u;
-        if (s_last) *count = 0u;  // every block of the group has arrived: zero again for the next launch
-    }
-    __syncthreads();
-    if (s_last)
+    // ---- 7. the last of the S blocks of this (sequence, KV head, row chunk) to finish merges their partials ------
+    if (last_to_arrive(arrivals, b, hk, Hkv, row_chunks, rc, num_splits, s_last))
         merge_chunk_partials<D, NWARPS * WARP_SIZE, BF16>(reinterpret_cast<float*>(smem), o_part, lse_part, o, lse,
                                                           rc, R, G, Tq, b, Hq, hk, num_splits);
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The combine: one warp per query row merges its S partials by log-sum-exp. Each lane owns D / 32 columns.
+// decode_combine: one warp per query row merges its S partials by log-sum-exp. Each lane owns D / 32 columns.
 // ---------------------------------------------------------------------------------------------------------
 template <int D, bool BF16>
 __global__ void __launch_bounds__(COMBINE_WARPS * WARP_SIZE)
@@ -905,15 +1024,8 @@ decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     if (row >= n_rows) return;  // the whole warp leaves together
     const float* lp = lse_part + row * num_splits;
 
-    float mx = NEG_INF;
-    for (int s = lane; s < num_splits; s += WARP_SIZE) mx = fmaxf(mx, lp[s]);
-#pragma unroll
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, off));
-    const float base = mx == NEG_INF ? 0.f : mx;  // no split saw a key: every weight is 0
-    float wsum = 0.f;
-    for (int s = lane; s < num_splits; s += WARP_SIZE) wsum += exp2_ftz((lp[s] - base) * LOG2E);
-#pragma unroll
-    for (int off = WARP_SIZE / 2; off > 0; off /= 2) wsum += __shfl_xor_sync(FULL_MASK, wsum, off);
+    float base;
+    const float wsum = warp_lse_weights(lp, num_splits, lane, base);
 
     float acc[EPL];
 #pragma unroll
