@@ -29,28 +29,34 @@
 //                  touches 32 separate 16-byte pieces per instruction, each in a different 32-byte sector, half of
 //                  which the instruction does not use; the FT layout reads 512 adjacent bytes. notebooks/08 counts
 //                  the sectors and times both.
-//   v is always plain (B, Hkv, Tmax, D): pass 3 already reads whole rows.
+//   v is always plain (B, Hkv, Tmax, D): pass 3 already reads whole rows. q, o (B, Hq, Tq, D); lse (B, Hq, Tq).
 //
-// Launch configuration (kernels/inference/decode_ft.py)
-//   grid = B * Hq * Tq blocks (1-D; block x is output row x of (B, Hq, Tq)), block = NTHREADS = DECODE_FT_THREADS.
-//   dynamic shared memory = 4 * Tmax bytes (one float logit per key of the cache's capacity), rounded up to 16;
-//   static shared memory: the reductions and (NTHREADS / TPV) * D floats for the value groups (at most 4 KB).
+// Launch (kernels/inference/decode_ft.py)
+//   grid = B * Hq * Tq blocks (1-D; block x is output row x of (B, Hq, Tq)), block = DECODE_FT_THREADS (128).
+//   dynamic shared memory = ceil(4 * Tmax / 16) * 16 bytes (one float logit per key of the cache's capacity; above
+//   48 KB: opt in); static shared memory: the reductions and (NTHREADS / TPV) * D floats for the value groups.
 //
-// Limits (checked by the launcher before launch)
-//   D in {64, 128}; TPK a power of two dividing D / X, at most 32; Tmax * 4 bytes of logits must fit in one block's
-//   shared memory (Tmax <= about 56000 on an H100). Contiguous caches only (no paging). Indices are never trusted:
-//   a length outside [0, Tmax] is clamped into it, so no input makes the kernel read or write out of bounds.
-//   q, k, v 16-byte aligned; element indices 64-bit.
+// Signature: decode_ft<D, DT, TPK, FT_LAYOUT>(q, k_cache, v_cache, seqlens, o, lse, Hq, Hkv, Tq, Tmax, scale_log2)
+//   DT: DT_F32, DT_F16 or DT_BF16 (q, k, v and o of that type); seqlens: (B,) int32 lengths; Tmax: the caches'
+//   capacity (their third dimension); lse nullptr: not written; scale_log2 = scale * log2(e) (scale usually
+//   1 / sqrt(D)). Builds: TPK = 4 for every type and D; float16, D = 128 with TPK 1, 2, 8, 16 (notebook 08).
 //
-// Numerics
-//   float32 arithmetic throughout; exp2 (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q; o
-//   rounded to the output type once, at the end.
+// Requires sm_80 for the bfloat16 builds (cvt.rn.bf16.f32); the float32 and float16 builds compile for sm_75.
+// PTX header: ptx/common.cuh (copy kernels/ptx/ with this file).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/decode_ft.cu -o decode_ft.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "decode_ft<128, DT_F16, 4, false>" "decode_ft<128, DT_F16, 4, true>" "decode_ft<64, DT_BF16, 4, false>"
+//     "decode_ft<128, DT_F32, 4, true>" "decode_ft<128, DT_F16, 1, true>"
 //
-// What comes next (decode_split.cu)
-//   The block count is B * Hq * Tq: at batch 1 with 32 heads, 32 blocks leave most of an H100's 132 SMs idle, and a
-//   block's logits live in shared memory, so the cache length is capped. Split-KV cuts each sequence's keys across
-//   blocks with an online softmax (no logits buffer), and one block serves all the query heads of a KV head, so
-//   under GQA each byte of the cache is read once instead of G times.
+// Limits (checked by the launcher): D in {64, 128}; TPK a power of two dividing D / X, at most 32; Tmax * 4 bytes of
+// logits must fit in one block's shared memory (Tmax <= about 56000 on an H100). Contiguous caches only (no paging).
+// Indices are never trusted: a length outside [0, Tmax] is clamped into it, so no input makes the kernel read or
+// write out of bounds. q, k, v 16-byte aligned; element indices 64-bit.
+// Numerics: float32 arithmetic throughout; exp2 (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q;
+// o rounded to the output type once, at the end.
+// What comes next: decode_split.cu (split-KV: every SM busy at batch 1, each KV head read once under GQA, no limit on
+// the cache length). Notes: kernels/inference/README.md.
 
 #include "ptx/common.cuh"  // u16, u32, DEVICE, exp2_ftz
 

@@ -1,195 +1,73 @@
 // decode_split.cu -- split-KV ("flash-decoding") attention over a KV cache: every SM busy even at batch 1.
 //
 // What it computes
-//   For each sequence b, KV head hk and each of the R = G * Tq query rows that read hk (G = Hq / Hkv query heads,
-//   Tq new rows each): o = softmax(scale * q K^T) V over the sequence's own L_b keys, with bottom-right causal
-//   masking (query i sees key j when j <= i + L_b - Tq), and lse = log sum exp (natural log). float16 or
-//   bfloat16 in and out, float32 arithmetic. A row that sees no key gives o = 0, lse = -inf.
-//   reference/decode.py is the float64 statement of the same contract.
+//   For each sequence b, KV head hk and each of the R = G * Tq query rows that read hk (G = Hq / Hkv, Tq new rows per
+//   sequence): o = softmax(scale * q K^T) V over the sequence's own L_b keys, bottom-right causal (query i sees key j
+//   when j <= i + L_b - Tq), and lse = log sum exp (natural log). float16 or bfloat16 in and out, float32 arithmetic;
+//   a row that sees no key gives o = 0, lse = -inf. reference/decode.py states the same contract in float64.
+//   decode_ft.cu gives each query row a block that walks the whole cache (32 blocks at batch 1, 32 heads); here the
+//   keys of each sequence are cut into S = num_splits ranges, and one block per (range, KV head, sequence) serves all
+//   G * Tq rows of its KV head, so each byte of K and V is read once, not G times.
 //
-// Where it sits in the course
-//   decode_ft.cu   FasterTransformer's design: one block per query row walks the whole cache. At batch 1 with 32
-//                  heads that is 32 blocks for 132 SMs, and the logits of the row sit in shared memory.
-//   this file      the keys of each sequence are cut into num_splits ranges; one block per (range, KV head,
-//                  sequence) computes a partial o and lse with an online softmax (nothing sized by L), and
-//                  decode_combine merges the partials by log-sum-exp. One block serves all G * Tq query rows of
-//                  its KV head, so each byte of K and V is read from memory once, not G times. Two kernels do a
-//                  block's work: decode_split_kv on CUDA cores (below: the readable one) and decode_split_mma on
-//                  tensor cores (further down: the fast one, the launcher's default), same grid, same partials;
-//                  decode_split_mma merges its partials itself, in the last block of each group to finish.
+// Algorithm (same grid and partials for both split kernels: decode_split_kv on CUDA cores, the readable one;
+// decode_split_mma on tensor cores, the fast one and the launcher's default)
+//   1. the block's query rows (q times scale_log2) and causal limits; the split's key range
+//   2. stream the range: _kv: each lane loads one 16-byte chunk of UNROLL keys of K and V, all before using any;
+//      _mma: each warp copies its own 16-key tiles (w, w + NWARPS, ...) through MMA_STAGES buffers with cp.async
+//   3. scores s = q . k (FMAs and a shuffle butterfly; _mma: mma.sync, K by ldmatrix), -inf past the range, past the
+//      row's causal limit and on a page outside [0, num_pages)
+//   4. online softmax in log2 units: m' = max(m, max s), p = 2^(s - m'), l = l 2^(m - m') + sum p
+//   5. o = o 2^(m - m') + p V
+//   6. merge the block's partial states (key groups, warps) by log-sum-exp; S = 1: write o and lse, else this split's
+//      float32 partial (o normalised, lse)
+//   7. S > 1: lse = log sum_s exp(lse_s), o = sum_s exp(lse_s - lse) o_s: decode_combine (one warp per row), or, in
+//      decode_split_mma given `arrivals`, the last block of each (sequence, KV head, row chunk) to finish
 //
-// Algorithm of decode_split_kv: one block = NWARPS warps, KT keys per step
-//   Lane layout: TPK = D / 8 lanes share one key (each holds one 16-byte chunk, 8 elements, of it); a warp holds
-//   GPW = 32 / TPK keys at once; a step covers KT = UNROLL * NWARPS * GPW consecutive keys, key
-//   t0 + (u * NWARPS + warp) * GPW + lane / TPK for u < UNROLL, so the GPW keys of one warp load are adjacent
-//   (512 contiguous bytes per warp instruction, pages included: a page holds >= 16 keys).
-//
-//     q rows -> registers: chunk lane % TPK of each of the block's RB rows, times scale * log2(e)
-//     m = -inf, l = 0, acc = 0 per row (each lane: its 8 columns)
-//     for each step of KT keys in [split start, split end):
-//         issue the 2 * UNROLL 16-byte loads of K and V (a paged key first looks up its page)
-//         s = q . k: 8 FMAs per lane per row, then a butterfly of log2(TPK) shuffles (every lane of a key gets s)
-//         mask keys past the split, past the row's causal limit, on a page outside [0, num_pages)
-//         online softmax over the UNROLL keys of the lane: m' = max(m, max s), acc = acc 2^(m - m') + sum 2^(s - m') v
-//     merge the GPW key groups of a warp (shuffles), then the NWARPS warps (shared memory), by log-sum-exp
-//     num_splits = 1: write o (16-bit) and lse;  else: write the partial o (float32, normalised) and lse
-//
-//   decode_combine, one warp per query row: lse = log sum_s exp(lse_s); o = sum_s exp(lse_s - lse) o_s.
-//
-// Why plain vector loads and not cp.async: nothing is staged in shared memory (each key is used by the lanes that
-//   load it, straight from registers), so cp.async would only add a trip through shared memory; what it offers,
-//   many bytes in flight per thread, comes here from issuing all 2 * UNROLL loads of a step before using any.
-//
-// Layouts (all C-contiguous; element indices are 64-bit)
-//   q (B, Hq, Tq, D), o (B, Hq, Tq, D), lse (B, Hq, Tq); query head hq reads KV head hq / G.
+// Layouts (C-contiguous; element indices 64-bit)
+//   q, o (B, Hq, Tq, D); lse (B, Hq, Tq); query head hq reads KV head hq / G.
 //   contiguous cache: k, v (B, Hkv, Tmax, D); key j of b is row (b * Hkv + hk) * Tmax + j.
-//   paged cache: k, v (num_pages, Hkv, P, D), P = 2^page_shift in 16..256; block_table (B, max_pages) int32;
-//     key j of b is row (page * Hkv + hk) * P + j % P with page = block_table[b, j / P].
-//   partials: o_part (B, Hq, Tq, S, D) float32, lse_part (B, Hq, Tq, S) float32 (S = num_splits).
+//   paged cache: k, v (num_pages, Hkv, P, D), P = 2^page_shift in 16..256; block_table (B, max_pages) int32: key j of
+//     b is row (page * Hkv + hk) * P + j % P, page = block_table[b, j / P].
+//   partials: o_part (B, Hq, Tq, S, D) float32, lse_part (B, Hq, Tq, S) float32.
 //   Row r of a block is row rc * RB + r of its KV head: query head hk * G + r / Tq, query row r % Tq.
 //
-// Launch configuration (kernels/inference/decode_split.py)
-//   decode_split_kv: grid = (S * RC, Hkv, B) with RC = ceil(G * Tq / RB) row chunks, blockIdx.x = split * RC + rc
-//                    (the RC blocks that read the same keys run side by side, so repeats come from L2);
-//                    block = NWARPS * 32 threads; static shared memory NWARPS * RB * (D + 2) floats.
-//   decode_split_mma: the same grid with RB = MMA_ROWS = 16 and KT = NWARPS * MMA_KEYS; block = NWARPS * 32;
-//                    dynamic shared memory NWARPS * MMA_STAGES * 2 * MMA_KEYS * D * 2 bytes (64 KB at D = 128).
-//                    With S > 1 and an `arrivals` array (B * Hkv * RC unsigned ints, zero before the first launch;
-//                    the kernel leaves them zero), the last block of each (sequence, KV head, row chunk) to finish
-//                    merges the S partials itself (merge_chunk_partials): one launch per call, no decode_combine.
-//   decode_combine:  grid = ceil(B * Hq * Tq / COMBINE_WARPS), block = COMBINE_WARPS * 32; after decode_split_kv
-//                    when S > 1 (or after decode_split_mma launched with arrivals = NULL).
-//   Split s of sequence b covers keys [s * c, min((s + 1) * c, L_b)) with c = ceil(ceil(L_b / S) / KT) * KT, so
-//   the ranges follow each sequence's own length; trailing ranges may be empty (they write o = 0, lse = -inf).
+// Launch (kernels/inference/decode_split.py; RC = ceil(G * Tq / RB) row chunks, blockIdx.x = split * RC + rc)
+//   decode_split_kv<D, RB, UNROLL, BF16>: grid (S * RC, Hkv, B), block DECODE_WARPS * 32, static shared memory only;
+//     KT = UNROLL * DECODE_WARPS * 32 / (D / 8) keys per step. Builds (RB, UNROLL): (1, 8) (2, 8) (4, 4) (8, 2).
+//   decode_split_mma<D, BF16>: the same grid with RB = 16, KT = DECODE_WARPS * 16; block DECODE_WARPS * 32; dynamic
+//     shared memory DECODE_WARPS * MMA_STAGES * 2 * 16 * D * 2 bytes (64 KB at D = 128: opt in above 48 KB).
+//   decode_combine<D, BF16>: grid ceil(B * Hq * Tq / COMBINE_WARPS), block COMBINE_WARPS * 32, no shared memory.
+//   Split s covers keys [s c, min((s + 1) c, L_b)), c = ceil(ceil(L_b / S) / KT) * KT; an empty one: o = 0, lse = -inf.
 //
-// Limits (checked by the launcher before launch)
-//   D in {64, 128}; RB in {1, 2, 4, 8} rows in registers (16 in decode_split_mma); G * Tq rows per KV head (beyond
-//   RB: RC row chunks); compute capability 8.0 or newer (cp.async, ldmatrix, bf16 mma, __reduce_or_sync);
-//   q, k, v 16-byte aligned; num_splits <= MMA_MAX_SPLITS = 256 for decode_split_mma's own merge (its shared
-//   memory scratch). Indices are never trusted: a length outside [0, capacity] is clamped into it
-//   (capacity = Tmax, or max_pages * P); a page index outside [0, num_pages) is never dereferenced: the keys of that
-//   page are skipped (masked out). So no input can make this kernel read or write out of bounds.
+// Signatures (all sizes int unless said)
+//   decode_split_kv(q, k_cache, v_cache, seqlens, block_table, o, lse, o_part, lse_part,
+//                   Hq, Hkv, Tq, cache_rows, page_shift, max_pages, num_pages, num_splits, row_chunks, scale_log2)
+//   decode_split_mma(the same, with unsigned int* arrivals after lse_part)
+//   decode_combine(o_part, lse_part, o, lse, long long n_rows = B * Hq * Tq, num_splits)
+//   seqlens: (B,) int32 lengths. block_table nullptr: contiguous cache, cache_rows = Tmax (the capacity), page_shift =
+//   max_pages = num_pages = 0; else cache_rows = P, page_shift = log2 P. lse nullptr: not written. o_part = lse_part =
+//   nullptr: S = 1, the split kernel writes o and lse; else the split kernel writes the partials (o, lse unused) and
+//   the merge writes o and lse. arrivals: B * Hkv * RC unsigned ints, zero before the first launch and left zero;
+//   nullptr: launch decode_combine after. row_chunks = RC; scale_log2 = scale * log2(e) (scale usually 1 / sqrt(D)).
 //
-// Numerics
-//   16-bit inputs converted to float32; dot products, softmax and accumulation in float32; exp2 on the special
-//   function unit (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q; partials stay float32;
-//   o is rounded to 16 bits once, at the end. decode_split_mma: q . k on tensor cores from the 16-bit inputs with
-//   float32 accumulation, the scale applied to the float32 scores; p is rounded to 16 bits for the p V mma (as in
-//   FlashAttention-2), while l sums the float32 p.
+// Requires sm_80 or newer (cp.async, ldmatrix, bfloat16 mma.sync, __reduce_or_sync). PTX headers: ptx/common.cuh,
+// ptx/cp_async.cuh, ptx/mma_sync.cuh (copy kernels/ptx/ with this file).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/decode_split.cu -o decode_split.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "decode_split_kv<128, 1, 8, false>" "decode_split_kv<128, 4, 4, true>"
+//     "decode_split_mma<128, false>" "decode_split_mma<64, true>" "decode_combine<128, false>"
+// Host-side example: kernels/examples/decode_split_host.cu (contiguous cache, decode_split_mma, both merges).
 //
-// What comes next
-//   In decode_split_kv each key costs 8 FMAs per lane per query row on CUDA cores plus log2(TPK) shuffles: its
-//   arithmetic grows with G * Tq while the bytes do not, and at 4 rows it stays near 80% of the read bandwidth;
-//   decode_split_mma's does not grow (16 rows cost what 1 costs) and it reaches the read bandwidth on large caches.
-//   decode_split_mma merges its own partials (the last block of a group), which saves the combine's launch at
-//   batch 1. What is left: with one split the grid is B * Hkv blocks, which leaves SMs idle when that is a little
-//   under a multiple of the SM count. An even cut of all key tiles over the SMs, as stream-K does for GEMMs, fills
-//   them; but a plain one, where a block whose run crosses a head boundary handles each piece as a pass of its own
-//   (q loaded, pipeline filled and drained, partial flushed and merged by arrival counters), was 3-11% slower than
-//   this grid on the H100 on every shape timed (B = 16, Hkv = 8, L = 4096: 100.0 us against 93.5 us; B = 64,
-//   L = 2048: 189 us against 182): each boundary idles the memory pipe for longer than the idle SMs cost. To win,
-//   each warp's copies would have to stay in flight across a boundary, and even then the gain is small: shapes whose
-//   block count is a multiple of 132 (B = 33, Hkv = 4, L = 4096: 132 blocks; B = 66, Hkv = 8, L = 2048: 528) kept
-//   0.980 and 0.984 of cuDNN's speed, as B = 16 and B = 64 did (0.980, 0.984; kernel time, 3 paired rounds, one
-//   run): with one block per SM the busy SMs already draw the whole bandwidth (a plain read of 256 MiB, one slice
-//   per block of 512 threads, ran at 2.95-2.97 TB/s on 128 blocks and 2.87-2.88 on 132). Storing the cache in 8
-//   bits halves the bytes to read.
-//   Where one launch's time goes, from %globaltimer stamps in every block (an instrumented copy of this kernel as it
-//   was before the end-of-block change below, H100, d = 128, one launch; medians over blocks):
-//     B = 1, Hkv = 32, L = 4096, S = 4 (29.2 us from the first block's start to the last block's end):
-//       first tile landed 3.3 us after a block starts, 19.6 us of streaming, 1.3 us from warp 0's last tile to
-//       the block's partial stored, then 3.2 us for the last block of a group to count its arrival and merge the
-//       4 partials (fence, atomic, two rounds of loads).
-//     B = 16, Hkv = 8, L = 4096, S = 1 (90.8 us): 3.7 + 82.6 + 2.3 us, and the last block ends 2 us after the median.
-//   The streaming itself runs at the memory's speed (64 MiB in 19.6 us is faster than DRAM alone: part of the cache
-//   is still in L2 from the previous launch). So what is left is the fixed cost at both ends:
-//     - The start: the first tile lands 3-4 us after a block starts. The wait is not the sequence length: a version
-//       that copied each warp's first tile before the length arrived (the range taken from the capacity, checked
-//       once the length was known, copied again when wrong) sent its copies out about 1.1 us after a block's start
-//       instead of 2.3, yet its tiles landed no sooner (medians 3.8-3.9 us against 3.4-4.1 on the first three shapes
-//       of kernels.bench.decode; outputs bit-equal, times within 0.5% on all five), and paged caches were 2-4%
-//       slower for the extra page look-up: what a block waits for is the burst of every block's first copies.
-//     - The block's end. Its warps stream their own tiles and drift apart: the last finishes 1.1-1.5 us after the
-//       first (medians at B = 16 and 64; 2.4-2.7 us at the 90th percentile), and the block's barrier waits for it.
-//       Which warp ends last is random (each of the four about as often; equal mean loop times), so no fixed
-//       reassignment of tiles to warps helps. Giving each tile to whichever warp is free would even them out, but
-//       would make o depend on the timing (each warp's sums in a different order), and the course keeps results
-//       bit-reproducible. From the last warp's loop to the stores took 2.0 us while the warps' o went to shared
-//       memory with an 8-way bank conflict and every output element worked out its row's weights again; 1.0 us
-//       since (acc_column, store_block_result), which made the launch 1-2.6% faster on kernels.bench.decode's shapes.
-//     - The merge (S > 1): 2.75 us from a block's stores to the merged o at B = 1 with 4096 keys, an atomic and two
-//       rounds of loads, each a trip to L2. Loading the lse and o partials in one round took the step from 31.3 to
-//       30.9 us; dropping the fence every thread ran before the arrival saved 0.1-0.25 us more. Merging through
-//       distributed shared memory instead, with a group's S blocks as one thread-block cluster (sm_90: partials
-//       left in each block's shared memory, one cluster barrier, ld.shared::cluster, no L2 trip, no atomic), was
-//       tried and not kept: the merge got about 0.8 us shorter, but where a cluster's blocks may land decides more.
-//       Free to share SMs, S = 4 at B = 1, Hkv = 32, L = 4096 went from 30.1 to 29.4 us, yet the same shape paged
-//       went from 31.1 to 32.2 and S = 16 at L = 32768 from 51.6 to 54.3 (3 to 5 blocks of a cluster on one SM
-//       while other SMs idle); held to one block per SM (more than half the shared memory asked for), the GPU could
-//       not place all clusters of 4 or more at once: 43.3 and 76.8 us (H100, 5 paired rounds). Only S = 2 gained
-//       everywhere (35.9 -> 34.4 us), a count the heuristic does not pick on these shapes.
-//     - The instructions. cuDNN's kernel for these shapes (an sm80 FlashAttention forward with 16 x 128 tiles) runs the
-//       same grid, B * Hkv blocks of 128 threads. Profiled alone (Nsight Compute, clocks not locked, medians of 5) it
-//       took about the time this one took (93.5 against 93.8 us at B = 16; 182.2 against 181.6 at B = 64), yet ran
-//       1.1-1.4% faster at B = 16 in launches timed as the benches time them, cold L2 or warm, while this kernel issued
-//       1.8 times its instructions (17.1 M against 9.6 M at B = 16). Half of them were the copies' address arithmetic:
-//       every round of copies looked its key up again (key_row: a branch, 64-bit index arithmetic, a page read when
-//       paged). One look-up per tile (load_kv_tile) took the count to 14.0 M and made the launch 0.2-1.7% faster on
-//       contiguous caches (most at batch 1), 4.5-5.7% paged and 7% with ragged lengths (outputs bit-equal; H100, 7 and
-//       9 paired rounds, kernels.bench.decode's shapes).
-//   Tried next to that and not kept (H100, 7-9 paired rounds, outputs bit-equal):
-//     - Fewer instructions still: copies at fixed offsets for whole tiles (no per-key test) were level (within
-//       0.5%). Skipping the mask on whole tiles below every row's causal limit, and the rescale of o when no
-//       real row's max moved, was 0.4-1.4% slower at B = 1 and 16 with the split counts held, 2-4% with ragged lengths,
-//       and 4.5-6.5% at B = 64 and on the 2 GiB shape: the kernel fell to 168 registers, so three blocks fit on an SM
-//       and the 512 blocks of those two shapes no longer ran two to an SM.
-//     - Holding the warps together with a block barrier at every step, so that none can drift ahead (measured against
-//       the kernel before the one look-up): 0.7-1.4% slower at B = 16 with 2 or 3 stages and 2.9% with 4, 9-12% at
-//       B = 64 with 2; each step now waits for the block's slowest copy.
-//     - The L2 prefetch-size hints of cp.async (.L2::128B, .L2::256B): no change. Each warp streaming one contiguous
-//       quarter of the block's range instead of every fourth tile: 3.3% slower at B = 16.
-//     - A warp's copies of K and of V in two cp.async groups, so that the scores are worked out while V lands: level
-//       (within 0.7%) with 2 stages, 0.3-2.9% slower with 3. The valid-key mask worked out from ke instead of the
-//       warp's __reduce_or_sync: level (within 0.8%). A warp waiting on its copies is not what holds the kernel back.
-//     - The products transposed, so that the query rows are the N of the mma (8) instead of its M (16, of which
-//       G * Tq = 1 or 4 are real on these shapes): S^T = K Q^T with K as the A operand, P^T moved into the B layout
-//       by movmatrix, O^T += V^T P^T with V^T from ldmatrix.trans. Half the mma, half the rescale of o, 128
-//       registers instead of 196; outputs within 16-bit rounding of this kernel's, tests/test_decode_gpu.py passing
-//       with 8-row chunks. Level: 0.4-1.5% faster at B = 1 (1.0-1.6% on an H200), 0.0% at B = 16, and at B = 64
-//       and 2 GiB only when held to two blocks per SM (free to take three, 5-6% slower there, as with the skip
-//       above); the freed registers spent on 3 or 4 stages, or 8 warps, moved it by -2.7% to +1.3%, with no setting
-//       gaining on every shape (H100, 7 and 9 paired rounds; H200, 9). Rows past 8 would need a second n-tile or
-//       twice the reads. The tensor cores were never what the kernel waits for.
-//     - sm_90's copy engine (cp.async.bulk, completion counted on one mbarrier per stage) instead of the lanes'
-//       cp.async: one bulk copy per warp tile of K and of V (4 KB at d = 128), missing keys zero-filled by the lanes.
-//       With plain rows, the 8 row addresses of an ldmatrix fall on the same banks (8-way conflict): 4-8% slower, 19%
-//       with ragged lengths. Timed with the reads at the swizzled positions (outputs wrong: the best a swizzling
-//       tensor copy could do, which would need a tensor map built on the host) it was still 0.4-1.8% slower on every
-//       shape and 5% with ragged lengths; with 3 stages 0.7-2.9%, with 4 1.8-3.0%. One bulk copy per key row instead
-//       (256 bytes, rows padded 16 bytes so that ldmatrix is conflict-free): 6-21% slower, 34% ragged. All held to
-//       two blocks per SM as this kernel runs (4 stages: one fits), H100, 7-9 paired rounds; the row copies passed
-//       tests/test_decode_gpu.py. Two copy instructions per tile, where each lane issues 16 cp.async at d = 128:
-//       fewer instructions, and slower all the same.
-//     - Deeper pipelines, again: 3 stages lost 0.8-2.8% (6-7% with ragged lengths), mostly to the compiler's
-//       schedule (ptxas settles on 168 registers, where 2 stages get 196). With the loop unrolled 3 times (201
-//       registers) 3 stages were 0.4-1.1% slower (1.7% ragged); 4 stages unrolled 4 times were within 1% at B = 1 and
-//       16 and 1.4-2.4% slower at B = 64 and 2 GiB (one block per SM). The L1 / shared-memory carveout, left to the
-//       driver or set to 50%, changed nothing (within 0.2%). At B = 1, fewer and deeper blocks were slower too: 2
-//       splits of 8 warps (64 blocks at 4k keys) by 0.5-1.3%, 8 warps with 3 stages by 5-15%, although a plain read of
-//       64 MiB by 64 blocks of 1024 threads is as fast as by 128 blocks of 512.
-//     - q . k summed in 2 or 4 independent chains of mma (k-steps alternating between accumulators, added at the
-//       end) instead of one chain of 8: level (within 0.2%, 9 paired rounds). The chain's latency is hidden already.
-//     - The block's end with one barrier instead of three: each warp leaves its (m, l, o) in its own tile buffers as
-//       soon as its loop is done (no barrier before the writes), and each thread of the merge works out its row's
-//       weights itself (NWARPS exp2 per item, no barrier between weights and sums). Level: within 0.2% on every
-//       shape, outputs bit-equal (H100, 9 paired rounds). The end's cost is not its barriers.
-//   Where B = 16 stands, from timing-only builds (outputs wrong) on one H100, minutes apart: this kernel 89.7 us,
-//   cuDNN 89.2; without the math in the loop (copies and waits only) 88.3; without the block's end (no merge of the
-//   warps, no stores) 88.4; the kernel's copies alone (128 blocks of 4 warps, each streaming 8 KB tiles through 2
-//   stages) 87.2, and 86.1-86.8 with more warps, stages or blocks; kernels.timing's plain read 87.4. So the math and
-//   the end each cost about 1.3 us that the copies do not hide, and cuDNN's kernel hides 0.5 us more than this one.
-//   How far apart the two are depends on the machine: in paired rounds (kernels.bench.decode's B = 16 shape, 7 to 9
-//   rounds each) seven H100 machine starts gave this kernel 0.994-1.001 of cuDNN's speed, six of them below 1.
+// Limits (checked by the launcher): D in {64, 128}; Tq * G rows per KV head (beyond RB: RC row chunks); q, k, v
+// 16-byte aligned; num_splits <= MMA_MAX_SPLITS = 256 for decode_split_mma's own merge. Indices are never trusted: a
+// length is clamped into [0, capacity] (Tmax, or max_pages * P); a page index outside [0, num_pages) is never
+// dereferenced (its keys are masked out). No input makes these kernels read or write out of bounds.
+// Numerics: float32 dot products, softmax and sums; exp2 on the special function unit (ex2.approx.ftz, relative
+// error ~2^-22) with log2(e) folded into q; partials float32; o rounded to 16 bits once. decode_split_mma: q . k on
+// tensor cores from the 16-bit inputs, float32 accumulation, the scale applied to the float32 scores; p rounded to 16
+// bits for P V (as in FlashAttention-2) while l sums the float32 p.
+// What was tried and measured: kernels/inference/README.md.
 
 #include "ptx/common.cuh"    // u16, u32, DEVICE, smem_addr, exp2_ftz
 #include "ptx/cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
