@@ -13,18 +13,27 @@
 //   FasterTransformer's key layout (k only, contiguous; ft_layout = 1): k (B, Hkv, CPR, Tmax, 16 bytes), chunk c of
 //   position p at ((b * Hkv + h) * CPR + c) * Tmax + p.
 //
-// Launch configuration (kernels/inference/decode_append.py)
+// Launch (kernels/inference/decode_append.py)
 //   one thread per 16-byte chunk of k_new (it also moves the same chunk of v_new), grid-stride loop;
-//   block = APPEND_THREADS, grid = min(ceil(B * Hkv * Tn * CPR / APPEND_THREADS), 65536).
+//   block = APPEND_THREADS (256), grid = min(ceil(total / APPEND_THREADS), 65536), total = B * Hkv * Tn * CPR; no
+//   shared memory.
 //
-// Limits
-//   Indices are never trusted. A row whose position is at or past the capacity (Tmax, or max_pages * P), or whose
-//   page index lies outside [0, num_pages), is dropped: nothing is written for it. A negative length counts as 0.
+// Signature: append_kv(k_new, v_new, k_cache, v_cache, seqlens, block_table, Hkv, Tn, cpr, cache_rows, page_shift,
+//   max_pages, num_pages, ft_layout, long long total)
+//   block_table nullptr: contiguous cache, cache_rows = Tmax (the capacity), page_shift = max_pages = num_pages = 0;
+//   else cache_rows = P and page_shift = log2 P. seqlens: (B,) int32, the lengths before the append. cpr = CPR.
 //
+// No minimum beyond what nvcc 13 targets (it builds for sm_75, a T4): plain 16-byte loads and stores, no PTX header.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/decode_append.cu -o decode_append.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)
+//
+// Limits: indices are never trusted. A row whose position is at or past the capacity (Tmax, or max_pages * P), or
+// whose page index lies outside [0, num_pages), is dropped: nothing is written for it. A negative length counts as 0.
 // Numerics: none; a copy.
-//
 // What comes next: a serving engine fuses this copy into the kernel that produces k and v (the QKV projection with
-//   rotary embeddings), so the new rows do not make an extra round trip through global memory.
+// rotary embeddings), so the new rows do not make an extra round trip through global memory.
+// Notes: kernels/inference/README.md.
 
 #ifndef APPEND_THREADS
 #define APPEND_THREADS 256

@@ -29,33 +29,37 @@
 //                  touches 32 separate 16-byte pieces per instruction, each in a different 32-byte sector, half of
 //                  which the instruction does not use; the FT layout reads 512 adjacent bytes. notebooks/08 counts
 //                  the sectors and times both.
-//   v is always plain (B, Hkv, Tmax, D): pass 3 already reads whole rows.
+//   v is always plain (B, Hkv, Tmax, D): pass 3 already reads whole rows. q, o (B, Hq, Tq, D); lse (B, Hq, Tq).
 //
-// Launch configuration (kernels/inference/decode_ft.py)
-//   grid = B * Hq * Tq blocks (1-D; block x is output row x of (B, Hq, Tq)), block = NTHREADS = DECODE_FT_THREADS.
-//   dynamic shared memory = 4 * Tmax bytes (one float logit per key of the cache's capacity), rounded up to 16;
-//   static shared memory: the reductions and (NTHREADS / TPV) * D floats for the value groups (at most 4 KB).
+// Launch (kernels/inference/decode_ft.py)
+//   grid = B * Hq * Tq blocks (1-D; block x is output row x of (B, Hq, Tq)), block = DECODE_FT_THREADS (128).
+//   dynamic shared memory = ceil(4 * Tmax / 16) * 16 bytes (one float logit per key of the cache's capacity; above
+//   48 KB: opt in); static shared memory: the reductions and (NTHREADS / TPV) * D floats for the value groups.
 //
-// Limits (checked by the launcher before launch)
-//   D in {64, 128}; TPK a power of two dividing D / X, at most 32; Tmax * 4 bytes of logits must fit in one block's
-//   shared memory (Tmax <= about 56000 on an H100). Contiguous caches only (no paging). Indices are never trusted:
-//   a length outside [0, Tmax] is clamped into it, so no input makes the kernel read or write out of bounds.
-//   q, k, v 16-byte aligned; element indices 64-bit.
+// Signature: decode_ft<D, DT, TPK, FT_LAYOUT>(q, k_cache, v_cache, seqlens, o, lse, Hq, Hkv, Tq, Tmax, scale_log2)
+//   DT: DT_F32, DT_F16 or DT_BF16 (q, k, v and o of that type); seqlens: (B,) int32 lengths; Tmax: the caches'
+//   capacity (their third dimension); lse nullptr: not written; scale_log2 = scale * log2(e) (scale usually
+//   1 / sqrt(D)). Builds: TPK = 4 for every type and D; float16, D = 128 with TPK 1, 2, 8, 16 (notebook 08).
 //
-// Numerics
-//   float32 arithmetic throughout; exp2 (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q; o
-//   rounded to the output type once, at the end.
+// Requires sm_80 for the bfloat16 builds (cvt.rn.bf16.f32); the float32 and float16 builds compile for sm_75.
+// PTX header: ptx/common.cuh (copy kernels/ptx/ with this file).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/decode_ft.cu -o decode_ft.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "decode_ft<128, DT_F16, 4, false>" "decode_ft<128, DT_F16, 4, true>" "decode_ft<64, DT_BF16, 4, false>"
+//     "decode_ft<128, DT_F32, 4, true>" "decode_ft<128, DT_F16, 1, true>"
 //
-// What comes next (decode_split.cu)
-//   The block count is B * Hq * Tq: at batch 1 with 32 heads, 32 blocks leave most of an H100's 132 SMs idle, and a
-//   block's logits live in shared memory, so the cache length is capped. Split-KV cuts each sequence's keys across
-//   blocks with an online softmax (no logits buffer), and one block serves all the query heads of a KV head, so
-//   under GQA each byte of the cache is read once instead of G times.
+// Limits (checked by the launcher): D in {64, 128}; TPK a power of two dividing D / X, at most 32; Tmax * 4 bytes of
+// logits must fit in one block's shared memory (Tmax <= about 56000 on an H100). Contiguous caches only (no paging).
+// Indices are never trusted: a length outside [0, Tmax] is clamped into it, so no input makes the kernel read or
+// write out of bounds. q, k, v 16-byte aligned; element indices 64-bit.
+// Numerics: float32 arithmetic throughout; exp2 (ex2.approx.ftz, relative error ~2^-22) with log2(e) folded into q;
+// o rounded to the output type once, at the end.
+// What comes next: decode_split.cu (split-KV: every SM busy at batch 1, each KV head read once under GQA, no limit on
+// the cache length). Notes: kernels/inference/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"  // u16, u32, DEVICE, exp2_ftz
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
 #define LN2 0.6931471805599453f
@@ -122,12 +126,6 @@ DEVICE void store(typename Elem<DT>::type* p, float x) {  // round to nearest ev
         asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
         *p = r;
     }
-}
-
-DEVICE float exp2_approx(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Block-wide max (MAX) or sum of one value per thread; `scratch` holds one float per warp. Every thread gets the
@@ -238,7 +236,7 @@ decode_ft(const typename Elem<DT>::type* __restrict__ q, const typename Elem<DT>
     const float base = mx == NEG_INF ? 0.f : mx;
     float local_sum = 0.f;
     for (int t = threadIdx.x; t < n; t += NTHREADS) {
-        const float p = exp2_approx(logits[t] - base);
+        const float p = exp2_ftz(logits[t] - base);
         logits[t] = p;
         local_sum += p;
     }

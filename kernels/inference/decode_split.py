@@ -78,13 +78,7 @@ MAX_SPLITS = 256
 CHUNK_ELEMS = 8  # 16-bit elements per 16-byte load (= CHUNK_ELEMS in decode_split.cu)
 DECODE_WARPS = 4  # warps per block of decode_split_kv
 COMBINE_WARPS = 4  # warps (= query rows) per block of decode_combine
-MMA_STAGES = 2  # tiles per warp in decode_split_mma's cp.async pipeline. With the kernel as it is (one page look-up
-#                per tile), 2 are the fastest on both GPUs timed, on kernels.bench.decode's five shapes (9 paired
-#                rounds each). 3 stages: 0.8-2.5% slower on the H100, 0.6-2.7% on an H200 (whose memory is 1.4x
-#                faster), 7-8% with ragged lengths on both; 4 stages: slower still. An earlier kernel, which spent more
-#                instructions per tile, had gained 1.6-2.3% from 3 stages on the H200. 8 warps of 2 stages on the
-#                H100: level at B = 1 (+0.2% / -0.3%), 0.8-0.9% slower paged and at B = 16, B = 64 and 2 GiB, 1.2%
-#                faster with ragged lengths
+MMA_STAGES = 2  # tiles per warp in decode_split_mma's cp.async pipeline (3, 4 were slower: README.md)
 DEFINES = defines_from(DECODE_WARPS=DECODE_WARPS, COMBINE_WARPS=COMBINE_WARPS, MMA_STAGES=MMA_STAGES)
 LOG2E = 1.0 / math.log(2.0)
 # Query rows held in registers (RB) -> keys per lane per step (UNROLL): fewer rows leave registers for more loads
@@ -95,11 +89,7 @@ ROWS_MAX = max(ROW_BUILDS)
 # back in the combine cost about as much as streaming this many keys (see choose_num_splits).
 SPLIT_OVERHEAD_KEYS = 64
 SPLIT_TOLERANCE = 0.1  # take the fewest splits within 10% of the model's best (see choose_num_splits)
-MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel (on the H100 at B=1, Hkv=8, L=32768, 16 splits
-#                             were 3% faster than the 15 that 10% allows). Forced split counts against its
-#                             choice (H100, medians of 9 rounds): B=16 and B=64 at L=4096 / 2048 (it picks 1): 2 splits
-#                             4.3% / 3.5% slower, 4 splits 7.0% / 4.1%; B=1, Hkv=8, L=32768 (it picks 16): 8
-#                             splits 7.2% slower, 32 splits 2.3%
+MMA_SPLIT_TOLERANCE = 0.02  # the same for the tensor-core kernel (why 2%, and forced split counts: README.md)
 DEFAULT_BLOCKS_PER_SM = 4  # used by the heuristic when the kernel's occupancy cannot be read
 # The tensor-core kernel (= MMA_ROWS, MMA_KEYS, MMA_STAGES in decode_split.cu)
 MMA_ROWS = 16  # query rows per block (the M of m16n8k16)
@@ -110,8 +100,8 @@ if min(PAGE_SIZES) < MMA_KEYS:
                        f"{min(PAGE_SIZES)}")
 # One tensor-core block streams K and V through NWARPS * MMA_STAGES tile buffers (64 KB at d = 128), enough alone to
 # draw an SM's share of the memory bandwidth: a second block on the SM adds no bandwidth, only splits (and their
-# merge). So the split heuristic counts one slot per SM for this kernel. On the H100 the counts this gives were within
-# 1% of the fastest of those timed (S/2, S - 1, S + 1, 2S) on each of kernels.bench.decode's shapes.
+# merge). So the split heuristic counts one slot per SM for this kernel (how close its counts come to the fastest:
+# kernels/inference/README.md).
 MMA_HEURISTIC_BLOCKS_PER_SM = 1
 CARVEOUT_MAX_SHARED = 100  # percent of the SM's L1/shared storage as shared memory (decode_split_mma)
 

@@ -7,13 +7,17 @@
 //   cu_seqlens = [0, l0, l0+l1, ..., total] is the exclusive prefix sum of the lengths (int32, B+1 entries). A
 //   real token (b, t) goes to packed row cu_seqlens[b] + rank(b, t), rank = the real tokens before it in its row.
 //
-//   mask_row_scan   mask (B, Tmax) -> lengths (B,) and rank (B, Tmax) (-1 on padding): one block per row, a
-//                   block scan of the row's 0/1 flags, chunk after chunk with a running carry.
-//   scan_lengths    lengths (B,) -> cu_seqlens (B+1,): ONE block that walks the whole batch, ITEMS values per
-//                   thread per pass, a block scan of the threads' sums, a carry from pass to pass. Lengths are
-//                   clamped to [0, max_len] on the way in.
-//   gather_rows     padded x (B, Tmax, row_bytes) -> packed (total, row_bytes)        ("remove padding")
-//   scatter_rows    packed (total, row_bytes) -> padded (B, Tmax, row_bytes), zeros on the padding ("restore")
+//   mask_row_scan(mask, Tmax, lengths, rank)      mask (B, Tmax) uint8 -> lengths (B,) and rank (B, Tmax) (-1 on
+//                   padding): one block per row, a block scan of the row's 0/1 flags, chunk after chunk with a carry.
+//   scan_lengths(lengths, B, max_len, cu_seqlens) lengths (B,) -> cu_seqlens (B+1,): ONE block that walks the whole
+//                   batch, SCAN_ITEMS values per thread per pass, a block scan of the threads' sums, a carry from pass
+//                   to pass. Lengths are clamped to [0, max_len] on the way in.
+//   gather_rows<UNIT>(x, packed, cu_seqlens, rank, B, Tmax, total, row_units)   padded x (B, Tmax, row) -> packed
+//                   (total, row) ("remove padding")
+//   scatter_rows<UNIT>(packed, y, cu_seqlens, rank, B, Tmax, total, row_units)  packed (total, row) -> padded y
+//                   (B, Tmax, row), zeros on the padding ("restore")
+//   rank nullptr: the first cu_seqlens[b+1] - cu_seqlens[b] positions of row b are the real ones. row_units = the
+//   row's bytes / UNIT; total = cu_seqlens[B] (the packed rows), a length.
 //
 // The block scan (block_exclusive_scan): the classic two-level shape.
 //   1. inside a warp: an inclusive scan with __shfl_up_sync, 5 steps (1, 2, 4, 8, 16 lanes back);
@@ -21,13 +25,12 @@
 //   3. warp 0 scans those NWARPS totals the same way (NWARPS <= 32); one barrier;
 //   4. each thread adds the total of the warps before it: exclusive prefix = that + its inclusive - its own value.
 //   Three barriers per pass (the third lets the next pass reuse the shared totals).
-//
 //   Why one block for scan_lengths: a batch holds hundreds to a few thousand sequences, which one block of 1024
 //   threads covers in one or two passes (a few microseconds, about one launch). A multi-block scan (reduce, then
 //   scan the block sums, then add them back; or a single-pass scan with decoupled look-back) pays off from about
 //   a million elements, where one SM's bandwidth becomes the limit: exercise in notebook 09.
 //
-// Layouts and launch configuration
+// Layouts and launch (kernels/inference/varlen.py; static shared memory only)
 //   mask_row_scan : grid = B,  block = ROW_THREADS;  mask uint8 (B, Tmax) row-major, rank int32 (B, Tmax).
 //   scan_lengths  : grid = 1,  block = SCAN_THREADS; each pass covers SCAN_THREADS * SCAN_ITEMS lengths.
 //   gather/scatter: grid = ceil(B * Tmax / ROWS_PER_BLOCK), block = COPY_THREADS; one warp per padded row; a row
@@ -35,16 +38,21 @@
 //                   row_bytes and both base addresses are multiples of 16; else 4 or 2 bytes per unit).
 //   Padded row (b, t) is real when rank[b, t] >= 0 (mask given) or t < cu_seqlens[b+1] - cu_seqlens[b] (lengths).
 //
+// No minimum beyond what nvcc 13 targets (it builds for sm_75, a T4): warp shuffles only, no PTX header.
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/varlen.cu -o varlen.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "gather_rows<16>" "gather_rows<4>" "gather_rows<2>" "scatter_rows<16>" "scatter_rows<4>" "scatter_rows<2>"
+//
 // Limits and safety (kernels/inference/varlen.py checks the host-side facts: dtypes, shapes, B * Tmax < 2^31)
 //   Values that live on the GPU are clamped here, so no input the launcher accepts reads or writes out of bounds:
 //   lengths to [0, max_len]; cu_seqlens[b] to [0, total] and cu_seqlens[b+1] to [cu_seqlens[b], total]; the packed
-//   row of a token is used only when it lies in [0, total) and inside its sequence's range. A malformed
-//   cu_seqlens gives wrong rows, never a wild access; kernels/inference/varlen.py's check_inputs=True (a sync) rejects it.
-//
+//   row of a token is used only when it lies in [0, total) and inside its sequence's range. A malformed cu_seqlens
+//   gives wrong rows, never a wild access; kernels/inference/varlen.py's check_inputs=True (a sync) rejects it.
 // Numerics: integer only; sums are int32 (the launcher rejects B * max_len >= 2^31, so they cannot overflow).
-//
 // What comes next: fusing these copies into the neighbouring GEMMs (the QKV projection reads the padded rows
 // through the index map, the output projection writes them back), so that padding removal costs no pass at all.
+// Notes: kernels/inference/README.md.
 
 #define DEVICE __device__ __forceinline__
 #define FULL_MASK 0xffffffffu
