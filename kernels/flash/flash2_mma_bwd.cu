@@ -1,87 +1,77 @@
 // flash2_mma_bwd.cu -- FlashAttention-2 backward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
 //
 // What it computes
-//   Given q, k, v, the forward's output o and log-sum-exp lse (kernels/flash/flash2_mma.py, return_lse=True) and the
-//   gradient dO = dL/do, the gradients dQ, dK, dV of attention o = softmax(scale q k^T + mask) v, in 16 bits with
-//   float32 accumulation. Causal masking is bottom-right aligned as in the forward: query i sees key j when
-//   j <= i + Tk - Tq. A query row that sees no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to
-//   dK or dV. Optionally the gradient of the lse output too (dlse): since d lse_i / d S_ij = P_ij, it only shifts
-//   the softmax's row term (delta_i below becomes delta_i - dlse_i).
+//   Given q, k, v, the forward's output o and log-sum-exp lse (flash2_mma.cu with lse) and the gradient dO = dL/do,
+//   the gradients dQ, dK, dV of o = softmax(scale q k^T + mask) v, in 16 bits with float32 accumulation. Causal
+//   masking is bottom-right aligned as in the forward: query i sees key j when j <= i + Tk - Tq. A query row that sees
+//   no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to dK or dV. Optionally the gradient of the lse
+//   output too (dlse): d lse_i / d S_ij = P_ij, so it only shifts the row term (delta_i becomes delta_i - dlse_i).
+//   Notebook 12 teaches it.
 //
 // The math (per head; S = scale Q K^T masked, P = softmax(S) by rows, O = P V; reference/backward.py)
-//   dV = P^T dO          dP = dO V^T          dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic
-//   dQ = scale dS K      dK = scale dS^T Q
-//   P is never stored by the forward: it is recomputed here from the forward's lse, one exp2 per score:
-//   P_ij = 2^(c S_ij - lse_i log2 e) with c = scale log2 e, exactly the normalised probability.
+//   dV = P^T dO      dP = dO V^T      dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic      dQ = scale dS K
+//   dK = scale dS^T Q. P is recomputed from the forward's lse, one exp2 per score: P_ij = 2^(c S_ij - lse_i log2 e)
+//   with c = scale log2 e, exactly the normalised probability.
 //
-// Three kernels, launched in this order (kernels/flash/flash2_mma_bwd.py)
-//   flash2_bwd_preprocess  one warp per query row: delta_i = rowsum(dO * O) - dlse_i (float32), lse2_i = lse_i log2 e
-//                          (+inf for a row that sees no key, so that 2^(c s - lse2) = 0), and the row of the float32
-//                          dQ accumulator set to 0.  grid = ceil(B H Tq / PRE_WARPS), block = 32 PRE_WARPS.
-//   flash2_bwd_main        one block per (K/V tile of BC keys, b h). The block keeps its K and V tile in shared
-//                          memory and its dK, dV accumulators in registers, and walks the query tiles (BR rows):
+// Algorithm: three kernels, launched in this order on one stream (kernels/flash/flash2_mma_bwd.py)
+//   1. flash2_bwd_preprocess  one warp per query row: delta = rowsum(dO * O) - dlse; lse2 = lse log2 e (+inf where
+//      lse = -inf, so that 2^(c s - lse2) = 0); the row of the float32 dQ accumulator set to 0.
+//   2. flash2_bwd_main  one block per (K/V tile of BC = 16 NWARPS keys, b h): K and V stay in shared memory, dK and dV
+//      in registers (each warp owns 16 keys, so it computes S^T and dP^T: keys in rows). For each query tile i of BR
+//      queries (causal: from the first that sees one of the block's keys), Q_i and dO_i double buffered by cp.async:
+//        a. S^T = K Q_i^T; P^T = 2^(c S^T - lse2), masked entries 0                        recompute_p
+//        b. dV += P^T dO_i    P^T from registers (the C layout is the A layout), dO by ldmatrix.trans   accumulate_dv
+//        c. dP^T = V dO_i^T; dS^T = P^T * (dP^T - delta)                                    compute_ds
+//        d. dK += dS^T Q_i    dS^T in 16 bits from registers, and into shared memory (sdS)  accumulate_dk
+//        e. __syncthreads; dQ_i += dS K: each warp a slice of the BR x D tile, float32 atomic adds into the
+//           accumulator (four floats per instruction from sm_90 on)                         accumulate_dq
+//      then dK = scale dK and dV are stored in 16 bits                                      store_dk_dv
+//   3. flash2_bwd_convert  dQ = scale * accumulator, in 16 bits.
+//   Why atomics for dQ: dK and dV sum over queries, dQ over keys, so no loop order keeps all three in registers. A
+//   second kernel per query tile would need no atomics and no float32 scratch but would recompute S and dP (two of the
+//   five products: 40% more tensor work). The atomics' order varies, so dQ is not bitwise reproducible; dK, dV are.
 //
-//       for each query tile i (causal: from the first tile that sees one of the block's keys):
-//           wait for Q_i, dO_i (cp.async, double buffered: tile i+1 streams in while tile i computes)
-//           S^T  = K Q_i^T                 per warp: its 16 keys x BR queries, in float32 registers
-//           P^T  = 2^(c S^T - lse2)        masked keys / queries -> 0
-//           dV  += P^T dO_i                P^T from registers (the C layout is the next A layout), dO by ldmatrix.trans
-//           dP^T = V dO_i^T
-//           dS^T = P^T * (dP^T - delta)    -> 16 bits, kept in registers AND written to shared memory (sdS)
-//           dK  += dS^T Q_i                dS^T from registers, Q by ldmatrix.trans
-//           __syncthreads                  (sdS complete: every warp's keys)
-//           dQ_i += dS K                   (BR x BC)(BC x D): each warp a slice of the BR x D tile, dS by
-//                                          ldmatrix.trans from sdS, K by ldmatrix.trans; float32 atomic adds
-//                                          into the dQ accumulator in global memory (four floats per instruction
-//                                          on Hopper)
-//       dK = scale dK, dV -> 16 bits, stored
-//   flash2_bwd_convert     dQ = scale * dQ accumulator -> 16 bits (element-wise).
+// Layouts: q, o, dO, dq (B, H, Tq, d) and k, v, dk, dv (B, H, Tk, d), contiguous 16-bit; lse, dlse, delta, lse2
+//   (B, H, Tq) and dq_acc (B, H, Tq, d) float32. Shared memory of the main kernel (16-bit unless said; rows padded by
+//   SMEM_PAD = 8 elements): sK, sV [BC][D+8], sQ, sdO [2][BR][D+8], sdS [BC][BR+8], lse2, delta [2][BR] float32.
 //
-// Why dQ by atomics (and not a second pass)
-//   dK and dV sum over queries, dQ over keys: no single loop order keeps all three in registers. FlashAttention-2
-//   loops over queries inside a K/V block (dK, dV in registers) and adds each block's share of dQ to a float32
-//   accumulator with atomics. The alternative, a second kernel with one block per query tile looping over K/V
-//   tiles, needs no atomics and no float32 scratch (B H Tq d x 4 bytes), but recomputes S = Q K^T and dP = dO V^T:
-//   two of the five matrix products again, 40% more tensor work. The atomics add every element of dQ once per K/V
-//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: with one float per
-//   instruction they were this kernel's bottleneck on the H100 (notebook 12, exercise 6); Hopper's vector atomics
-//   (atomicAdd on a float4, compute capability 9.0) add four neighbouring floats at once, after one lane swap
-//   puts four consecutive columns of one row in each lane, and BC = 128 keys per block halves the count again.
-//   Their order varies from run to run, so dQ is not bitwise reproducible (float32 sums in a different order),
-//   while dK and dV are.
+// Launch
+//   preprocess  grid = ceil(B H Tq / PRE_WARPS), block = 32 PRE_WARPS, no shared memory
+//   main        grid = (ceil(Tk / BC), B H), block = 32 NWARPS (blockIdx.x = 0, the first keys, sees the most query tiles
+//               under a causal mask: the longest blocks start first); dynamic shared memory =
+//               2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR bytes (above 48 KB: cudaFuncSetAttribute first).
+//               Default builds: NWARPS = 8 (BC = 128), BR = 128 at D <= 64 and 64 at D = 96, 128, MIN_BLOCKS = 1
+//   convert     grid = min(ceil(B H Tq d / 2 / 256), 8192), block = 256 (a grid-stride loop)
 //
-// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4), as in flash2_mma.cu
-//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
-//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
-//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
-//   Two C tiles side by side (columns 0..7 and 8..15) are, element for element, one A tile (columns 0..15): so
-//   P^T and dS^T (keys x queries) are A operands of dV += P^T dO and dK += dS^T Q without leaving the registers.
+// Kernels (u16: the bits of float16, BF16 = false, or bfloat16, BF16 = true)
+//   template <bool BF16> flash2_bwd_preprocess(const u16* o, const u16* dout, const float* lse, const float* dlse,
+//       float* delta, float* lse2, float* dq_acc, long long rows, int d)      rows = B H Tq; dlse == nullptr: no dlse
+//   template <int D, int BR, int NWARPS, int MIN_BLOCKS, bool BF16> flash2_bwd_main(const u16* q, const u16* k,
+//       const u16* v, const u16* dout, const float* lse2, const float* delta, float* dq_acc, u16* dk, u16* dv,
+//       int Tq, int Tk, int d, float scale, int causal)
+//   template <bool BF16> flash2_bwd_convert(const float* dq_acc, u16* dq, long long pairs, float scale)
+//                                                                                pairs = B H Tq d / 2
+//   scale: the softmax scale itself (> 0; the forward takes scale log2 e instead). D: the head-dim build (32, 64, 96
+//   or 128), a capacity; d <= D is the length. causal: 0 or 1. -D switches, defaults as the launcher passes them:
+//   SMEM_PAD 8, PRE_WARPS 4.
 //
-// Shared memory (16-bit elements unless said; rows padded by SMEM_PAD = 8 elements = 16 bytes against bank conflicts)
-//   sK [BC][D+8], sV [BC][D+8], sQ [2][BR][D+8], sdO [2][BR][D+8], sdS [BC][BR+8], lse2 [2][BR] f32, delta [2][BR] f32
-//   bytes = 2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR     (kernels/flash/flash2_mma_bwd.py: BwdTile.smem_bytes)
+// Requires compute capability 8.0 (cp.async, ldmatrix, bf16 mma.sync; the float4 atomics of sm_90 are chosen at compile
+// time); includes ptx/common.cuh, ptx/cp_async.cuh and ptx/mma_sync.cuh. Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma_bwd.cu -o flash2_mma_bwd.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "flash2_bwd_preprocess<false>" "flash2_bwd_main<64, 128, 8, 1, false>" "flash2_bwd_convert<false>"
 //
-// Launch (main kernel): grid = (ceil(Tk / BC), B H), block = 32 NWARPS with BC = 16 NWARPS (each warp owns 16 keys).
-//   blockIdx.x = 0 is the first K/V tile: under a causal mask it sees the most query tiles, so the longest blocks
-//   start first.
-//
-// Limits (checked by kernels/flash/flash2_mma_bwd.py): d % 8 == 0 and d <= D for a build D in {32, 64, 96, 128} (columns
-//   d..D-1 zero-filled, never written); any Tq, Tk >= 1 (rows past the end zero-filled on load, masked, not stored);
-//   q, k, v, o, dO 16-byte aligned and contiguous (B, H, T, d); lse, delta, lse2 float32 (B, H, Tq); the float32
-//   dQ accumulator (B, H, Tq, d) 16-byte aligned for the vector atomics (the launcher puts it at the start of its
-//   workspace, delta and lse2 after it).
-//
-// Numerics: products in 16 bits (P and dS rounded to 16 bits before their products, as in FlashAttention-2), sums in
-//   float32; exp2 by ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
-//
-// What the next version improves: each warp re-reads the whole Q and dO tile from shared memory for its 16 keys
-//   (FlashAttention-2 splits the S tile over warps in both directions to share those reads), a second barrier per
-//   query tile that could overlap with the next tile's products, and on Hopper wgmma + TMA (FlashAttention-3).
+// Limits (checked by the launcher): d % 8 == 0 and d <= D; columns d..D-1 zero-filled, never written; any Tq, Tk >= 1
+//   (rows past the end zero-filled, masked, not stored); the 16-bit tensors 16-byte aligned; dq_acc 16-byte aligned for
+//   the float4 atomics (the launcher puts it at the start of its workspace, delta and lse2 after it).
+// Numerics: products in 16 bits (P and dS rounded to 16 bits first, as in FlashAttention-2), sums in float32; exp2 by
+//   ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
+// What the next version would improve, and what was measured: kernels/flash/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/mma_sync.cuh"
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define POS_INF (__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
@@ -106,62 +96,7 @@ enum : int {
 static_assert(PRE_WARPS >= 1 && PRE_WARPS <= 32, "PRE_WARPS: 1..32 warps per preprocess block");
 static_assert(SMEM_PAD % CHUNK == 0, "SMEM_PAD must keep shared rows 16-byte aligned");
 
-// ---------------------------------------------------------------------------------------------------------
-// PTX wrappers (the same instructions and names as flash2_mma.cu; this file stands alone).
-// ---------------------------------------------------------------------------------------------------------
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared without registers; in_range = false writes 16 zero bytes and reads nothing.
-DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
-    const int src_bytes = in_range ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>
-DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
-
-// Four 8x8 matrices: lane l gives the address of row l % 8 of matrix l / 8 and gets, of matrix i, row l / 4,
-// columns 2(l % 4) and 2(l % 4) + 1 in r[i]. The .trans form gives rows 2(l % 4), 2(l % 4) + 1 of column l / 4.
-DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
-template <bool BF16>
-DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if constexpr (BF16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
-template <bool BF16>
-DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
-// One 16-bit value -> float.
+// One 16-bit value -> float (not a PTX wrapper of kernels/ptx/: bfloat16 is a shift, float16 one cvt).
 template <bool BF16>
 DEVICE float to_float(u16 x) {
     float f;
@@ -171,12 +106,6 @@ DEVICE float to_float(u16 x) {
         asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
     }
     return f;
-}
-
-DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 DEVICE float warp_sum(float x) {
