@@ -187,6 +187,26 @@ DEVICE void warp_scores(float (&acc_s)[MT][BC / MMA_N][4], u32 q_lane, u32 k_til
     }
 }
 
+// The second half of the softmax for one row of the lane (m-tile mt, row g + 8h): P = 2^(c s - base) in place of its
+// scores, and l = l * correction + rowsum P (this lane's part of the row). base: the row's max m, or 0 while the row
+// has seen no visible key (then every s is -inf and p = 0).
+template <int BC, int MT>
+DEVICE void exp_row(float (&acc_s)[MT][BC / MMA_N][4], int mt, int h, float m, float correction, float& row_sum,
+                    float scale_log2) {
+    const float base = m == NEG_INF ? 0.f : m;  // nothing visible: p = 0
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < BC / MMA_N; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+            acc_s[mt][nt][2 * h + e] = p;
+            sum += p;
+        }
+    }
+    row_sum = row_sum * correction + sum;
+}
+
 // Mask the scores, then the online softmax on the registers: S becomes P = exp2(c s - base) in place.
 // row_max holds the exponent base of each row (log2 units, scale folded in). It moves only when the tile's
 // max exceeds it by more than RESCALE_THRESHOLD: until then p = 2^(c s - base) <= 2^8, exact in float32 and
@@ -226,18 +246,7 @@ DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[M
             row_max[mt][h] = move ? m_tile : old;
             correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
             moved |= move;
-            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
-                    acc_s[mt][nt][2 * h + e] = p;
-                    sum += p;
-                }
-            }
-            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+            exp_row<BC, MT>(acc_s, mt, h, row_max[mt][h], correction[mt][h], row_sum[mt][h], scale_log2);
         }
     }
     return moved;
@@ -318,27 +327,13 @@ template <int BC, int MT, bool MASK>
 DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
                                float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
                                float scale_log2) {
-    constexpr int S_NT = BC / MMA_N;
     const bool moved =
         softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, k0, Tk, diag, causal, scale_log2);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
-                    acc_s[mt][nt][2 * h + e] = p;
-                    sum += p;
-                }
-            }
-            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
-        }
-    }
+        for (int h = 0; h < 2; ++h)
+            exp_row<BC, MT>(acc_s, mt, h, row_max[mt][h], correction[mt][h], row_sum[mt][h], scale_log2);
     return moved;
 }
 
