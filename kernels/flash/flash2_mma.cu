@@ -1,163 +1,77 @@
 // flash2_mma.cu -- FlashAttention-2 forward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
 //
 // What it computes
-//   O[b, h] = softmax(scale * Q[b, h] K[b, h]^T + mask) V[b, h], and optionally the log-sum-exp of each row,
-//   for 16-bit inputs (float16 or bfloat16) with float32 accumulation. Causal masking is bottom-right aligned:
-//   query i sees key j when j <= i + Tk - Tq. A query row that sees no key gives 0 (lse = -inf).
+//   O[b, h] = softmax(scale * Q[b, h] K[b, h]^T + mask) V[b, h], and optionally the log-sum-exp of each row, for 16-bit
+//   inputs (float16 or bfloat16) with float32 accumulation. Causal masking is bottom-right aligned: query i sees key j
+//   when j <= i + Tk - Tq. A query row that sees no key gives 0 (lse = -inf). Notebook 06 teaches it (after flash2.cu on
+//   CUDA cores and flash2_wmma.cu, whose fragments hide which element a register holds: the mma.sync layouts are
+//   documented, so the softmax runs on the accumulator registers); notebook 09 the varlen kernel.
 //
-// Where it sits in the course
-//   flash2.cu        the FA2 loop on CUDA cores (float32 FMA, 4x8 register micro-tiles).
-//   flash2_wmma.cu   the same loop with S = Q K^T and O += P V on tensor cores through nvcuda::wmma; the
-//                    softmax must go through shared memory, because a wmma fragment does not say which
-//                    element of the tile a register holds.
-//   this file        the layouts ARE documented at the PTX level (mma.sync), so the softmax runs on the
-//                    accumulator registers and P is reused as the A operand of P V without leaving them.
+// Algorithm (one block: BR = 16 MT NWARPS query rows of one head; each warp owns 16 MT whole rows, see attention_block)
+//   1. Q tile and K, V tile 0 -> shared memory (cp.async); m = -inf, l = 0, O = 0 in registers.
+//   2. For each key tile j of BC keys (causal: only tiles that hold a visible key):
+//      a. wait for tile j; __syncthreads (the one barrier per tile); prefetch tile j+1 into the other stage
+//      b. S = Q K^T             ldmatrix Q (A operand) and K (B operand), mma.sync into float32 registers
+//      c. mask keys >= Tk and, if causal, keys after the diagonal (-inf)
+//      d. m~ = c rowmax S, c = scale log2(e); a row's base m moves to m~ only when m~ > m + 8 (lazy rescaling)
+//      e. P = exp2(c S - m) in place; l = l 2^(m_old - m) + rowsum P; O *= 2^(m_old - m) where a base moved
+//      f. O += P V              P, packed to 16 bits in registers, is the A operand: the C layout of two 16x8 tiles of S
+//                               is the A layout of one 16x16 tile of P (ptx/mma_sync.cuh); V by ldmatrix.trans
+//   3. O /= l, rounded to 16 bits, through the warp's own rows of sQ to global memory in 16-byte chunks;
+//      lse = ln2 (m + log2 l).
+//   Step 2 runs in one of three loops chosen per build at compile time (row by row, ILP, fused ILP): see IlpBuild.
 //
-// Algorithm (one thread block = BR query rows of one (b, h); NWARPS warps, each owns 16*MT whole rows)
-//   load Q tile -> shared (cp.async)            ; m = -inf, l = 0, O = 0 in registers
-//   prefetch K, V tile 0 -> stage 0 (cp.async; fused builds: K with Q in one group, V in the next)
-//   for each key tile j (causal: only tiles that hold a visible key):
-//       wait for tile j; __syncthreads (the one barrier per tile: it also frees the stage of tile j-1)
-//       prefetch K, V tile j+1 -> that other stage (cp.async; it lands while this tile computes)
-//       S = Q K^T                : ldmatrix Q (A operand) and K (B operand), mma.sync into float32 registers
-//       mask keys >= Tk and, if causal, keys after the diagonal (-inf)
-//       m~ = c * rowmax S, c = scale * log2(e) > 0 : 4 threads share a row; two shuffles
-//       if m~ > m + 8: m' = m~, else m' = m  (lazy rescaling: the base moves only when p could exceed 2^8)
-//       P = exp2(c * S - m')     : one FMA and one ex2.approx per score, in place in the S registers
-//       l = l*exp2(m-m') + rowsum P ; O *= exp2(m - m') (skipped by a warp none of whose rows moved)
-//       O += P V                 : P converted to 16 bits in registers = the A fragments; V by ldmatrix.trans
-//   O /= l (the 4 threads of a row sum their partial l first); O (16-bit) through the warp's own rows of sQ to
-//   global memory in 16-byte chunks; lse = ln2 * (m + log2 l)
+// Layouts
+//   dense   q, o (B, H, Tq, d) and k, v (B, H, Tk, d), contiguous; lse (B, H, Tq) float32.
+//   varlen  q (total_q, H, d), k and v (total_k, H, d): token rows ld_q / ld_kv elements apart (H d when contiguous,
+//           3 H d inside one fused QKV projection); o (total_q, H, d) contiguous; lse (H, total_q). cu_seqlens_q and
+//           cu_seqlens_k (int32, B+1): sequence b owns rows cu[b] .. cu[b+1]-1; causal is bottom-right per sequence.
+//   shared  sQ [BR][D+8], sK [2][BC][D+8], sV [2][BC][D+8], 16-bit; each row padded by SMEM_PAD = 8 elements (16 bytes),
+//           which spreads the eight rows one ldmatrix reads over all 32 banks.
 //
-// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4; PTX ISA "Matrix Fragments for mma.m16n8k16")
+// Launch (kernels/flash/flash2_mma.py: TILES, _launch_config; default tile BC = 64, NWARPS = 4, MT = 2, so BR = 128,
+// and MIN_BLOCKS = 2 at D = 64, else 1)
+//   dense   grid = B H ceil(Tq / BR) blocks (1-D), block = 32 NWARPS threads,
+//           dynamic shared memory = 2 (BR + 4 BC) (D + 8) bytes (above 48 KB: cudaFuncSetAttribute first)
+//   varlen  grid = (ceil(max_seqlen_q / BR), H, B), the same block and shared memory
 //
-//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
-//        cols 0..7     cols 8..15        k rows 0..7 | 8..15      cols 2t, 2t+1
-//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
-//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
+// Kernels: template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16> (D: the head-dim build, 32, 64, 96
+// or 128; BC: keys per K/V tile; MT: 16-row m-tiles per warp; MIN_BLOCKS: blocks per SM for __launch_bounds__)
+//   flash2_mma_forward(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int Tq, int Tk, int d,
+//                      float scale_log2, int causal, int head_major)
+//   flash2_mma_varlen(const u16* q, const u16* k, const u16* v, u16* o, float* lse, const int* cu_seqlens_q,
+//                     const int* cu_seqlens_k, int total_q, int total_k, int H, int d, int ld_q, int ld_kv,
+//                     float scale_log2, int causal)
+//   u16: the bits of float16 (BF16 = false) or bfloat16 (BF16 = true). lse == nullptr: no lse is written.
+//   scale_log2 = scale * log2(e) (scale > 0, usually 1/sqrt(d)). Tq, Tk, d, total_q, total_k: lengths; D is the
+//   capacity (d <= D). causal, head_major: 0 or 1. head_major = 1: block x takes head x / ceil(Tq/BR), so blocks side
+//   by side share a head's K and V in L2; 0: head x % (B H), the longest causal tile of every head first (the launcher
+//   picks it under a causal mask on small problems: grid_order). Query tiles run last to first either way.
+//   cu_seqlens are read on the GPU and clamped to [0, total], so a malformed array gives wrong rows, never an
+//   out-of-bounds access; blocks past a sequence's last tile exit at once.
+//   -D switches, defaults as the launcher passes them: SMEM_PAD 8, ILP_MIN_REGS 200, FUSED_MAX_D 64, ILP_MODE -1
+//   (0 forces the row-by-row loop, 1 an ILP loop: notebook 06 compares their bits and times them).
 //
-//   The C layout of S = Q K^T (two 16x8 tiles side by side: keys 0..7 and 8..15) is, element for element,
-//   the A layout of P for P V (one 16x16 tile: keys 0..15): c0,c1 of tile 0 -> a0; c2,c3 of tile 0 -> a1;
-//   c0,c1 of tile 1 -> a2; c2,c3 of tile 1 -> a3. So P never leaves the registers.
+// Requires compute capability 8.0 (cp.async, ldmatrix, bf16 mma.sync); includes ptx/common.cuh, ptx/cp_async.cuh and
+// ptx/mma_sync.cuh. Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma.cu -o flash2_mma.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "flash2_mma_forward<64, 64, 4, 2, 2, false>" "flash2_mma_forward<64, 64, 4, 2, 2, true>"
+//     "flash2_mma_varlen<64, 64, 4, 2, 2, false>"
+// Host-side example (allocate, fill, launch, check): kernels/examples/flash2_mma_host.cu.
 //
-// Warp layout of one block (BR = 16 * MT * NWARPS rows; the default builds have NWARPS = 4, MT = 2)
-//
-//            K/V tile j: BC keys, shared by all warps
-//          +-------------------------------------------+
-//   warp 0 | rows   0 .. 16MT-1  : S (16MT x BC) in registers, O (16MT x D) in registers
-//   warp 1 | rows 16MT .. 32MT-1 :   "
-//     ...  |
-//          +-------------------------------------------+
-//   No warp needs another warp's S, so the softmax needs no shared memory and no __syncthreads.
-//
-// Shared memory (16-bit elements, rows padded by SMEM_PAD = 8 elements = 16 bytes)
-//   sQ [BR][D + 8], sK [2][BC][D + 8], sV [2][BC][D + 8]      bytes = 2 * (BR + 4 * BC) * (D + 8)
-//   ldmatrix reads eight 16-byte rows at once; with rows of D = 64 elements (128 bytes) all eight would start
-//   in the same four banks (an 8-way conflict). The 16-byte pad moves each row 4 banks on, so the eight
-//   rows cover all 32 banks. (An XOR swizzle of the 16-byte chunks does the same without the wasted bytes.)
-//
-// Launch configuration
-//   grid  = B * H * ceil(Tq / BR) blocks, 1-D, in one of two orders (the argument head_major). Head-major:
-//           block x works on head x / ceil(Tq/BR), so the blocks resident at one time share a few heads and
-//           re-read their K and V from L2. Heads fastest (head_major = 0): block x works on head x % (B H).
-//           Either way a head's query tiles run last to first, so that under a causal mask the longest tiles
-//           start first; heads fastest starts the longest tile of every head before any shorter one, which
-//           evens out the last wave. The launcher picks heads fastest under a causal mask while K and V of all
-//           heads are a few times the L2 at most (kernels/flash/flash2_mma.py: grid_order; notebook 06 times both).
-//   block = 32 * NWARPS threads; dynamic shared memory = the formula above (above 48 KB: opt-in).
-//
-// The varlen kernel (flash2_mma_varlen; notebook 09): packed tokens, FlashAttention's varlen interface
-//   q (total_q, H, d), k and v (total_k, H, d), token-major with the heads of a token side by side (the layout a
-//   projection GEMM writes: no transpose before or after attention; a token's rows may lie further apart, e.g. 3 H d
-//   inside one fused QKV output); cu_seqlens_q, cu_seqlens_k (int32, B+1): sequence b owns rows cu[b] .. cu[b+1]-1.
-//   o (total_q, H, d), lse (H, total_q). Causal is bottom-right per sequence (its own Tq and Tk).
-//   grid  = (ceil(max_seqlen_q / BR), H, B): block (x, h, b) takes query tile x of sequence b, head h; a block whose
-//           tile lies past its sequence's end exits before loading anything, so the only cost of padding is the
-//           launch of those empty blocks. Tiles go last to first within a sequence, as in the dense kernel.
-//   What changed against the dense kernel: only where a block's rows are. Both kernels compute their pointers, row
-//   strides and lengths, then both call attention_block, the whole FA2 loop; the dense kernel passes row
-//   strides of d, which compiles to the very instructions it had before the split (checked with cuobjdump -sass).
-//
-// Code layout (each step is a force-inlined device function on one warp's registers)
-//   load_tile_async      a Q or K/V tile, global -> shared, with cp.async
-//   warp_scores          S = Q K^T for the warp's rows             (ldmatrix + mma.sync)
-//   online_softmax       mask, row max, P = exp2(c S - m), l        (in place in the S registers)
-//   softmax_max_ilp      its first half, all rows of a lane side by side: mask (only when MASK), row max, base moves
-//   online_softmax_ilp   softmax_max_ilp, then P = exp2(c S - m) and l for all rows side by side (ILP builds)
-//   kv_tile              one K/V tile: wait, barrier, prefetch the next, the steps above and below
-//   rescale_output       O *= 2^(m_old - m_new) where a row's base moved
-//   warp_accumulate_pv   O += P V                                   (P from registers, V by ldmatrix.trans)
-//   softmax_exp_pv       P = exp2(c S - m) and l made 16 keys at a time inside O += P V (fused ILP builds)
-//   store_output         O / l through shared memory in 16-byte chunks, and the LSE
-//   attention_block      one block's work: Q tile, the K/V loop over the steps above, the store
-//
-// Three loops over the K/V tiles (chosen at compile time per build: IlpBuild, then FusedBuild)
-//   row by row   online_softmax: each of a lane's 2 MT rows in turn (max, two shuffles, exponentials, sum), with the
-//                mask applied when a run-time flag says the tile needs it. The compiler turns that flag and the
-//                per-row steps into branches, so the two shuffles (~30 cycles each) and the ex2 latency of one
-//                row are paid before the next row starts. Fewest registers: the D=64 build at three blocks per SM
-//                (168 registers) fits only this way.
-//   ILP          the tiles that hold no masked key (every key < Tk and, if causal, at or before the diagonal of the
-//                block's first row) run first, through kv_tile<..., MASK = false>, with no mask code at all; the
-//                rest (the ragged last tile, the causal diagonal) with it. online_softmax_ilp does the maxima, the
-//                first shuffles, the second shuffles and the exponentials of all 2 MT rows side by side with no
-//                branch between them, so their latencies overlap. Same arithmetic in the same order: o and lse are
-//                bit for bit those of the row-by-row loop (notebook 06 compares them). The D = 96 and 128 builds.
-//   fused ILP    the ILP loop with the softmax cut where the rescale branch is: softmax_max_ilp, the branch, then
-//                softmax_exp_pv, which makes each 16-key step's exponentials right before the MMAs that take them,
-//                in one basic block with them, so that ex2 and mma.sync overlap. Tile 0's V is waited for only
-//                before its first P V: S = Q K^T of tile 0 starts as soon as Q and K are in. Same bits again. The
-//                D = 32 and 64 builds (FUSED_MAX_D); at D = 128 it spilled 56 to 92 bytes per thread.
-//   Builds whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is at least ILP_MIN_REGS = 200 take an
-//   ILP loop: every build of kernels/flash/flash2_mma.py's TILES. On an H100 (notebook 06, section 7: B=4 H=32 T=4096,
-//   not causal, fp16, one run) the ILP loop took 3.03 ms at D=128 against 3.39 for the row-by-row loop on the same
-//   tile, and 1.77 ms at D=64 against 1.98 on the same tile and 1.80 at three blocks per SM (the default before it).
-// What was measured (H100, B=4 H=32 unless said; both kernels in one run, 5 interleaved rounds; medians of SDPA flash's
-// kernel time over ours, the kernel before -> after the fused loop and the store through shared memory; fp16 / bf16)
-//   D=64   llm.c's B=8 H=12 T=1024 causal 1.26 -> 1.32; T=1024 causal 1.23 -> 1.28 / 1.23 -> 1.28, full 1.03 -> 1.08
-//          / 1.03 -> 1.08; T=4096 causal 1.04 -> 1.09 / 1.04 -> 1.04, full 1.02 -> 1.04 / 1.04 -> 1.09; T=16384
-//          (fp16) causal 1.01 -> 1.06, full 1.01 -> 1.06.
-//   D=128  (the store only) T=1024 causal 1.20 -> 1.21 / 1.20 -> 1.21, full 0.99 -> 1.04 / 0.99 -> 1.04; T=4096
-//          causal 1.00 -> 1.05 / 1.02 -> 1.04, full 1.03 -> 1.03 / 1.02 -> 1.06; T=16384 (fp16) causal 0.98 -> 1.04,
-//          full 1.04 -> 1.09.
-//   Taken apart at D=64, T=1024 full fp16 (an earlier run, same method): 1.03 before, 1.06 with the fused loop alone,
-//   1.04 with the store alone, 1.08 with both and the early tile 0. At D=128 the early tile 0 made T=1024 slower
-//   (1.00 against 1.03 without it): at 255 registers every change to that build moves its register allocation.
-//   The same code timed twice in one run differed by up to 2 to 4% at T >= 4096; read single cells with that in mind.
-//   Tried and not kept: S = Q K^T of tile j+1 made before the softmax of tile j (K copied one tile ahead of V, the
-//   next tile's MMAs in one basic block with this tile's row maxima and shuffles), so that a warp has MMAs to issue
-//   while its shuffles are in flight. Outputs bit-equal; at D=64 on the H100 (the d = 64 rows of notebook 06's grid,
-//   fp16 and bf16, 5 paired rounds) it was 7-11% slower on the default tile, where two tiles' scores take 255 registers
-//   and spill 24 bytes, and 13-15% under the default on BC=32 (214 registers, no spill), about where the plain loop on
-//   that tile stands (0.84-0.87 in another run): the warps of the SM's other block seem to fill that gap already.
-// Registers (nvcc 13.0, sm_90, the default builds of kernels/flash/flash2_mma.py's TILES and VARLEN_TILES)
-//   dense    D=32: 186, D=64: 254 (two blocks per SM), D=96: 254, no spills; D=128: 255 registers and 24 bytes of
-//            spill stores per thread: the O accumulators (64 floats at MT=2) and S (32 floats) barely fit beside the
-//            fragments in flight (the row-by-row loop spills 32 bytes there).
-//   varlen   D=32: 189, D=64: 240, D=96: 254, no spills; D=128: 255 and 24 bytes of spill stores.
-//   sm_80 (A100): no spills except D=128, dense and varlen (8 bytes). CuPy's NVRTC may count a few registers
-//   differently; notebook 06 prints what the running GPU's build uses. The D=64 build at three blocks per SM
-//   (MIN_BLOCKS=3, the cap of 168 registers) takes the row-by-row loop.
-//   Splitting the body into attention_block for the varlen kernel (notebook 09) left the dense builds as they were:
-//   the same registers and spills, and `cuobjdump -sass` listed the same instructions before and after that split.
-// Limits (checked by kernels/flash/flash2_mma.py before launch)
-//   d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D for a build D in {32, 64, 96, 128}; columns d..D-1
-//   are zero-filled by cp.async and never written back. Any Tq, Tk >= 1: rows past the end are zero-filled
-//   on load, masked to -inf as keys, and not stored as queries. q, k, v, o 16-byte aligned. Indices of
-//   elements are 64-bit, of rows 32-bit.
-//
-// Numerics
-//   Products in 16 bits, sums in float32 (the mma accumulators), softmax in float32 with exp2 (ex2.approx:
-//   relative error ~2^-22, flushed subnormals), P rounded to 16 bits before P V, O rounded once at the end.
-//
-// What comes next
-//   Hopper's wgmma (warpgroup MMA fed straight from shared memory by TMA) is what reaches the last third of
-//   the H100's tensor throughput (FlashAttention-3); mma.sync tops out at about two thirds of it.
+// Limits (checked by the launcher): d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D; columns d..D-1 are
+// zero-filled and never written. Any Tq, Tk >= 1: rows past the end are zero-filled on load, masked as keys and not
+// stored as queries. q, k, v, o 16-byte aligned. Element indices are 64-bit, row indices 32-bit.
+// Numerics: products in 16 bits, sums in float32 (the mma accumulators); softmax in float32 with ex2.approx (relative
+// error ~2^-22, subnormals flushed); P rounded to 16 bits before P V, O once at the end. The three loops give the same
+// bits.
+// What was tried and measured (tiles, loops, registers, timings): kernels/flash/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/mma_sync.cuh"
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
 
@@ -178,84 +92,6 @@ enum : int {
 // probabilities stay <= 2^8 before normalisation: exact in float32, representable in fp16 and bf16.
 #define RESCALE_THRESHOLD 8.0f
 #define LN2 0.6931471805599453f
-
-// ---------------------------------------------------------------------------------------------------------
-// PTX wrappers. Each is one instruction; the comments say what a lane gives and gets.
-// ---------------------------------------------------------------------------------------------------------
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// Copy 16 bytes global -> shared (a 32-bit shared-window address) without passing through registers;
-// src_bytes = 0 writes 16 zero bytes (the out-of-range rows and columns of a tile) and reads nothing.
-DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
-    const int src_bytes = in_range ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-DEVICE void cp_async_16(u32 dst, const void* src) {  // the common case: all 16 bytes in range
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>  // wait until at most PENDING committed groups are still in flight
-DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
-
-// Four 8x8 matrices of 16-bit elements: lane l gives the address of row (l % 8) of matrix (l / 8);
-// lane l gets, from matrix i, the two elements of row l/4, columns 2(l%4) and 2(l%4)+1, in r[i].
-DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// The same, transposed: lane l gets rows 2(l%4) and 2(l%4)+1 of column l/4 of each matrix.
-DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
-template <bool BF16>
-DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if constexpr (BF16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
-template <bool BF16>
-DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
-
-// 4 bytes to shared memory; 16 bytes from it (a 16-byte aligned 32-bit shared-window address).
-DEVICE void st_shared_u32(u32 addr, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory"); }
-DEVICE uint4 ld_shared_v4(u32 addr) {
-    uint4 r;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "r"(addr)
-                 : "memory");
-    return r;
-}
-
-DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 DEVICE float quad_max(float x) {  // the 4 lanes of a quad hold one row's columns
     x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
@@ -308,8 +144,16 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
 // ---------------------------------------------------------------------------------------------------------
 // The steps of one K/V tile, as one warp sees them. Each works on the warp's own registers: S (acc_s),
 // O (acc_o) and the running row state (row_max, row_sum); only K and V come from shared memory.
-// They are force-inlined, so the kernel compiles as if it were written out in one piece: split this way, the
-// default builds have the same instruction count and spills as the single-body kernel had, and registers within 2
+// They are force-inlined, so the kernel compiles as if it were written out in one piece.
+//   warp_scores           S = Q K^T                                  (ldmatrix + mma.sync)
+//   online_softmax        mask, row max, P = exp2(c S - m), l        (row by row, in place in the S registers)
+//   softmax_max_ilp       mask, row max, base moves: all rows of a lane side by side (the ILP loops' first half)
+//   online_softmax_ilp    softmax_max_ilp, then P and l for all rows side by side (ILP loop)
+//   rescale_output        O *= 2^(m_old - m_new) where a row's base moved
+//   warp_accumulate_pv    O += P V                                   (P from registers, V by ldmatrix.trans)
+//   softmax_exp_pv        P and l made 16 keys at a time inside O += P V (fused ILP loop)
+//   store_output          O / l through shared memory in 16-byte chunks, and the LSE
+// kv_tile runs them for one K/V tile, attention_block for one block.
 // ---------------------------------------------------------------------------------------------------------
 
 // S = Q K^T for this warp's 16*MT rows against the tile's BC keys: (16MT x D) x (D x BC), float32 accumulators.
@@ -341,6 +185,26 @@ DEVICE void warp_scores(float (&acc_s)[MT][BC / MMA_N][4], u32 q_lane, u32 k_til
             }
         }
     }
+}
+
+// The second half of the softmax for one row of the lane (m-tile mt, row g + 8h): P = 2^(c s - base) in place of its
+// scores, and l = l * correction + rowsum P (this lane's part of the row). base: the row's max m, or 0 while the row
+// has seen no visible key (then every s is -inf and p = 0).
+template <int BC, int MT>
+DEVICE void exp_row(float (&acc_s)[MT][BC / MMA_N][4], int mt, int h, float m, float correction, float& row_sum,
+                    float scale_log2) {
+    const float base = m == NEG_INF ? 0.f : m;  // nothing visible: p = 0
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < BC / MMA_N; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
+            acc_s[mt][nt][2 * h + e] = p;
+            sum += p;
+        }
+    }
+    row_sum = row_sum * correction + sum;
 }
 
 // Mask the scores, then the online softmax on the registers: S becomes P = exp2(c s - base) in place.
@@ -382,18 +246,7 @@ DEVICE bool online_softmax(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[M
             row_max[mt][h] = move ? m_tile : old;
             correction[mt][h] = move ? exp2_ftz(old - m_tile) : 1.f;  // 2^-inf = 0 on the first move
             moved |= move;
-            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
-                    acc_s[mt][nt][2 * h + e] = p;
-                    sum += p;
-                }
-            }
-            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+            exp_row<BC, MT>(acc_s, mt, h, row_max[mt][h], correction[mt][h], row_sum[mt][h], scale_log2);
         }
     }
     return moved;
@@ -474,27 +327,13 @@ template <int BC, int MT, bool MASK>
 DEVICE bool online_softmax_ilp(float (&acc_s)[MT][BC / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
                                float (&correction)[MT][2], int warp_row0, int k0, int Tk, int diag, int causal,
                                float scale_log2) {
-    constexpr int S_NT = BC / MMA_N;
     const bool moved =
         softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, k0, Tk, diag, causal, scale_log2);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float base = row_max[mt][h] == NEG_INF ? 0.f : row_max[mt][h];  // nothing visible: p = 0
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < S_NT; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float p = exp2_ftz(fmaf(acc_s[mt][nt][2 * h + e], scale_log2, -base));
-                    acc_s[mt][nt][2 * h + e] = p;
-                    sum += p;
-                }
-            }
-            row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
-        }
-    }
+        for (int h = 0; h < 2; ++h)
+            exp_row<BC, MT>(acc_s, mt, h, row_max[mt][h], correction[mt][h], row_sum[mt][h], scale_log2);
     return moved;
 }
 
@@ -509,33 +348,45 @@ DEVICE void rescale_output(float (&acc_o)[MT][D / MMA_N][4], const float (&corre
             for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= correction[mt][e / 2];
 }
 
+// One 16x16 A tile of P from two 16x8 accumulator tiles side by side (keys 0..7 in c0, keys 8..15 in c1), rounded to
+// 16 bits: the C layout of S is, element for element, the A layout of P (ptx/mma_sync.cuh), so P stays in registers.
+template <bool BF16>
+DEVICE void c_pair_to_a(u32 (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack2<BF16>(c0[0], c0[1]);  // row g,   keys 0..7
+    a[1] = pack2<BF16>(c0[2], c0[3]);  // row g+8, keys 0..7
+    a[2] = pack2<BF16>(c1[0], c1[1]);  // row g,   keys 8..15
+    a[3] = pack2<BF16>(c1[2], c1[3]);  // row g+8, keys 8..15
+}
+
+// O += P V for the 16-key step kk: a[mt], the A fragments of P for the warp's m-tiles; V (B operand) by
+// ldmatrix.trans from v_tile, this lane's row address in the V stage (V rows 16kk + (l % 8) + 8 ((l / 8) % 2),
+// columns 16np + 8 (l / 16)).
+template <int D, int MT, bool BF16>
+DEVICE void pv_step(float (&acc_o)[MT][D / MMA_N][4], const u32 (&a)[MT][4], u32 v_tile, int kk) {
+    constexpr int LD = D + SMEM_PAD;
+#pragma unroll
+    for (int np = 0; np < D / (2 * MMA_N); ++np) {  // two n-tiles (16 columns of O) per ldmatrix.x4
+        u32 b[4];
+        ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+            mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+    }
+}
+
 // O += P V: P from the S registers (converted to 16 bits, they are the A operand), V by ldmatrix.trans
 // (B operand). v_tile is this lane's ldmatrix row address in the V stage of the tile.
 template <int D, int BC, int MT, bool BF16>
 DEVICE void warp_accumulate_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
                                u32 v_tile) {
-    constexpr int LD = D + SMEM_PAD;
-    constexpr int O_NT = D / MMA_N;
 #pragma unroll
     for (int kk = 0; kk < BC / MMA_K; ++kk) {
         u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            a[mt][0] = pack2<BF16>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);          // row g,   keys 0..7
-            a[mt][1] = pack2<BF16>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);          // row g+8, keys 0..7
-            a[mt][2] = pack2<BF16>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);  // row g,   keys 8..15
-            a[mt][3] = pack2<BF16>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);  // row g+8, keys 8..15
-        }
-#pragma unroll
-        for (int np = 0; np < O_NT / 2; ++np) {
-            u32 b[4];  // V rows (keys) 16kk + (l % 8) + 8 ((l / 8) % 2), columns 16np + 8 (l / 16)
-            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
-        }
+        for (int mt = 0; mt < MT; ++mt) c_pair_to_a<BF16>(a[mt], acc_s[mt][2 * kk], acc_s[mt][2 * kk + 1]);
+        pv_step<D, MT, BF16>(acc_o, a, v_tile, kk);
     }
 }
 
@@ -549,8 +400,6 @@ template <int D, int BC, int MT, bool BF16>
 DEVICE void softmax_exp_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s)[MT][BC / MMA_N][4],
                            const float (&row_max)[MT][2], float (&row_sum)[MT][2], const float (&correction)[MT][2],
                            float scale_log2, u32 v_tile) {
-    constexpr int LD = D + SMEM_PAD;
-    constexpr int O_NT = D / MMA_N;
     float base[MT][2], sum[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -564,31 +413,19 @@ DEVICE void softmax_exp_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s
         u32 a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            float p[2][2][2];  // [n-tile 2kk + i][row g or g + 8][column 2t + e]
+            float p[2][4];  // n-tiles 2kk + i of P in the C layout: [i][2h + e] = row g + 8h, column 2t + e
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+            for (int h = 0; h < 2; ++h)  // the row sums add their keys in the order online_softmax_ilp does
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        p[i][h][e] = exp2_ftz(fmaf(acc_s[mt][2 * kk + i][2 * h + e], scale_log2, -base[mt][h]));
-                        sum[mt][h] += p[i][h][e];
+                        p[i][2 * h + e] = exp2_ftz(fmaf(acc_s[mt][2 * kk + i][2 * h + e], scale_log2, -base[mt][h]));
+                        sum[mt][h] += p[i][2 * h + e];
                     }
-            a[mt][0] = pack2<BF16>(p[0][0][0], p[0][0][1]);  // row g,   keys 0..7
-            a[mt][1] = pack2<BF16>(p[0][1][0], p[0][1][1]);  // row g+8, keys 0..7
-            a[mt][2] = pack2<BF16>(p[1][0][0], p[1][0][1]);  // row g,   keys 8..15
-            a[mt][3] = pack2<BF16>(p[1][1][0], p[1][1][1]);  // row g+8, keys 8..15
+            c_pair_to_a<BF16>(a[mt], p[0], p[1]);
         }
-#pragma unroll
-        for (int np = 0; np < O_NT / 2; ++np) {
-            u32 b[4];
-            ldmatrix_x4_trans(b, v_tile + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma_16816<BF16>(acc_o[mt][2 * np], a[mt], b[0], b[1]);
-                mma_16816<BF16>(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
-        }
+        pv_step<D, MT, BF16>(acc_o, a, v_tile, kk);
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -602,7 +439,7 @@ DEVICE void softmax_exp_pv(float (&acc_o)[MT][D / MMA_N][4], const float (&acc_s
 // warp's first row there; 4-byte stores, the pad keeps the 32 lanes on 32 banks), then the warp copies them out in
 // whole 16-byte chunks, a row's chunks side by side. Stored straight from the accumulators, the same O took four
 // times as many store instructions, each writing 16-byte pieces of 8 rows, and the kernel was slower where a block's
-// loop is short (see "What was measured" in the header).
+// loop is short (kernels/flash/README.md).
 template <int D, int MT, bool BF16>
 DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long long lse_base,
                          const float (&acc_o)[MT][D / MMA_N][4], const float (&row_max)[MT][2],
@@ -638,7 +475,7 @@ DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long lon
 }
 
 // Which ILP builds fuse the exponentials into P V (softmax_exp_pv) and wait for tile 0's V apart from its K: those with
-// D <= FUSED_MAX_D (see "Three loops" in the header). -DFUSED_MAX_D=0 turns both off, to time one against the other.
+// D <= FUSED_MAX_D (see IlpBuild; above it the fused loop spilled). -DFUSED_MAX_D=0 turns both off.
 #ifndef FUSED_MAX_D
 #define FUSED_MAX_D 64
 #endif
@@ -711,6 +548,15 @@ DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], f
 
 // ---------------------------------------------------------------------------------------------------------
 // The work of one block: BR query rows [q0, q0 + BR) of one head against its keys, for both kernels below.
+//
+//            K/V tile j: BC keys, shared by all warps
+//          +-------------------------------------------+
+//   warp 0 | rows   0 .. 16MT-1  : S (16MT x BC) and O (16MT x D) in registers
+//   warp 1 | rows 16MT .. 32MT-1 :   "
+//     ...  |                        (BR = 16 MT NWARPS rows; the default builds have NWARPS = 4, MT = 2)
+//          +-------------------------------------------+
+//   No warp needs another warp's S, so the softmax needs no shared memory and no __syncthreads.
+//
 // qh, kh, vh: the head's first query / key / value row; rows lie ld_q, ld_kv elements apart. oh: the head's first
 // output row, rows ld_o apart; lse[lse_base + row] (lse may be null). Tq, Tk: this head's (this sequence's) rows.
 // ---------------------------------------------------------------------------------------------------------
@@ -801,14 +647,22 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
                               sQ + 2 * warp * WR * LD);
 }
 
-// Which loop a build runs (see "Three loops" in the header). The ILP loop gives the compiler more independent
-// instructions to overlap, which costs registers: the D=64 build needs about 220 with it (254 with the fused loop),
-// and under the 168-register cap of three blocks per SM it spills (72 bytes on sm_90), where the row-by-row loop does
-// not. So by default a build whose cap (65536 / (32 NWARPS MIN_BLOCKS) registers per thread) is below ILP_MIN_REGS
-// keeps the row-by-row loop. ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1
-// (default) by the cap. The launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in
-// Python), and ILP_MODE for a tile whose ILP field is set (kernels/flash/flash2_mma.py: MmaTile), so that the two loops can
-// be timed and compared on the same tile.
+// Which loop a build runs. Three loops over the K/V tiles do the same arithmetic in the same order, so o and lse are
+// bit for bit the same (notebook 06, section 6); they differ in what the compiler may overlap:
+//   row by row  online_softmax: each of a lane's 2 MT rows in turn (max, two shuffles, exponentials, sum), the mask
+//               applied where a run-time flag says the tile needs it. The shuffles (~30 cycles each) and the ex2
+//               latency of one row are paid before the next row starts; the fewest registers.
+//   ILP         the tiles with no masked key (every key < Tk and, if causal, at or before the diagonal of the block's
+//               first row) first, through kv_tile<..., MASK = false>, which holds no mask code; the rest with it.
+//               online_softmax_ilp runs the maxima, the shuffles and the exponentials of all 2 MT rows side by side
+//               with no branch between them, so their latencies overlap. The D = 96 and 128 builds.
+//   fused ILP   the ILP loop with each 16-key step's exponentials made right before the MMAs that take them
+//               (softmax_exp_pv), and tile 0's V waited for only before its first P V. The D = 32 and 64 builds.
+// The ILP loops keep more values live, so a build whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is
+// below ILP_MIN_REGS keeps the row-by-row loop (the D = 64 tile at three blocks per SM, 168 registers, would spill).
+// ILP_MODE overrides that for every build of one compilation: 0 row by row, 1 ILP, -1 (default) by the cap. The
+// launcher passes ILP_MIN_REGS from its own constant (MmaTile.loop applies the same rule in Python), and ILP_MODE for a
+// tile whose ILP field is set (MmaTile), so that notebook 06 can compare and time the loops on the same tile.
 #ifndef ILP_MIN_REGS
 #define ILP_MIN_REGS 200
 #endif
@@ -835,7 +689,7 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     // ---- which head and which query rows this block owns ------------------------------------------------
     // One block per (b*h, query tile), in a 1-D grid. Head-major: the blocks that run side by side share a
     // head, so its K and V come from L2 rather than DRAM. Heads fastest (head_major = 0): the longest query
-    // tile of every head first (causal masks on small problems; see the header). Query tiles go last to first.
+    // tile of every head first (causal masks on small problems: the launcher's grid_order). Query tiles go last to first.
     const int n_qtiles = (Tq + BR - 1) / BR;
     const int n_heads = gridDim.x / n_qtiles;
     const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;

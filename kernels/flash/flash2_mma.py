@@ -96,8 +96,6 @@ class MmaTile(NamedTuple):
     def check(self, D: int) -> None:
         """The static_asserts of flash2_mma_forward, as a ValueError before compiling."""
         problems = []
-        if D not in HEAD_DIMS:
-            problems.append(f"D={D} is not one of {HEAD_DIMS}")
         if self.BC < 16 or self.BC % 16:
             problems.append(f"BC={self.BC} must be a positive multiple of 16")
         if self.MT < 1 or self.NWARPS < 1 or self.NWARPS > 32:
@@ -106,23 +104,20 @@ class MmaTile(NamedTuple):
             problems.append(f"MIN_BLOCKS={self.MIN_BLOCKS} must be >= 1")
         if self.ILP not in (None, True, False):
             problems.append(f"ILP={self.ILP!r} must be None, True or False")
-        if problems:
-            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
+        raise_tile_problems(self, D, HEAD_DIMS, problems)
 
 
-# The default tile per D: four warps of two m-tiles (BR = 128 query rows) and 64 keys per K/V tile. At D=64 the
-# fourth number asks for registers for two blocks per SM, enough for the kernel's ILP loop (about 220 registers);
-# three blocks (MIN_BLOCKS=3, 168 registers) fit only the row-by-row loop, which measured slower on an H100 (notebook
-# 06, section 7: the same grid, one run). At D=96 and D=128 the registers allow two blocks per SM whatever the cap
-# asks; D=128 uses all 255 and spills a few bytes (see the kernel's header).
-# Other tiles (BC, NWARPS, MT, MIN_BLOCKS), timed beside these and SDPA's flash kernel (H100, fp16, B=4 H=32; T = 1024
-# and 4096 causal and not, 16384 not causal; 5 paired rounds; ratios to flash), were slower on every configuration.
-# D=64 (default 1.02-1.28x flash): (32, 4, 2, 2) 0.89-1.11x, (64, 8, 2, 1) 0.90-1.03x, (32, 8, 2, 1) 0.74-0.88x.
-# D=128 (default 1.01-1.21x): (32, 4, 2, 1) 0.97-1.17x, although it needs 238 registers and spills nothing;
-# (64, 8, 2, 1) 0.88-1.00x, (32, 8, 2, 1) 0.81-0.92x, (128, 4, 1, 1) 0.56-0.70x, (64, 2, 2, 2) 0.69-0.90x.
-# More warps per SM at D=64, in a second run (default 1.00-1.27x): (64, 4, 2, 3, ILP=True) 0.95-1.21x (the fused
-# loop under the 168-register cap, 48 bytes of spill), (32, 4, 2, 3) 0.88-1.08x (row by row), (64, 4, 1, 3)
-# 0.80-1.09x, (64, 4, 1, 4) 0.83-1.18x. At D=128, (64, 4, 2, 2) compiles to the same 255 registers and ran level.
+def raise_tile_problems(tile: tuple, D: int, head_dims: tuple, problems: list[str]) -> None:
+    """The end of a tile's check (MmaTile here, BwdTile in flash2_mma_bwd.py): one ValueError naming the tile, D and
+    every problem found, a D outside head_dims first; nothing if there is none."""
+    if D not in head_dims:
+        problems.insert(0, f"D={D} is not one of {head_dims}")
+    if problems:
+        raise ValueError(f"tile ({', '.join(tile._fields)}) = {tuple(tile)} for D={D}: " + "; ".join(problems))
+
+
+# The default tile per D: four warps of two m-tiles (BR = 128 query rows) and 64 keys per K/V tile; at D=64 registers
+# for two blocks per SM, enough for the kernel's ILP loop. The tiles timed against these: kernels/flash/README.md.
 TILES = {
     32: MmaTile(64, 4, 2, 1),
     64: MmaTile(64, 4, 2, 2),
@@ -141,7 +136,8 @@ def name_expression(D: int, tile: MmaTile, dtype: str, kernel: str = KERNEL_NAME
 
 
 # What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses, and the
-# row-by-row loop (which no default build takes) on the tile that was D=64's default before the ILP loop.
+# row-by-row loop (which no default build takes) on the tile that was D=64's default before the ILP loop (notebook 06,
+# section 7 times it).
 ROW_LOOP_TILE = MmaTile(64, 4, 2, 3)
 NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIMS for dt in DTYPES] + \
                [((name_expression(D, VARLEN_TILES[D], dt, VARLEN_KERNEL_NAME),), DEFINES)
@@ -204,10 +200,8 @@ def _prepare(q, k, v, dev, causal, scale, tile, head_major):
 _LAUNCHES: dict = {}  # (Tq, Tk, d, dtype, scale, causal, tile, head_major, B*H) -> what a launch of that problem needs
 
 # Under a causal mask, order the grid heads fastest while K and V of all heads take at most HEADS_FASTEST_MAX_KV_L2
-# times the L2 and the grid is at most HEADS_FASTEST_MAX_WAVES waves (see grid_order). Measured on an H100 (50 MiB of
-# L2; fp16, B*H up to 128; notebook 06, section 7, in paired rounds, two runs): heads fastest ran at 1.08-1.19x of
-# head-major with 24-128 MiB of K and V in 3 to 7.8 waves, at 0.96x and 0.99x at T = 4096, d = 64 (128 MiB, but 15.5
-# waves) and at 0.88x at T = 16384 (512 MiB). The wave limit sits between 7.8 and 15.5.
+# times the L2 and the grid is at most HEADS_FASTEST_MAX_WAVES waves (see grid_order; the measurements that set both:
+# kernels/flash/README.md).
 HEADS_FASTEST_MAX_KV_L2 = 3
 HEADS_FASTEST_MAX_WAVES = 12
 

@@ -1,87 +1,77 @@
 // flash2_mma_bwd.cu -- FlashAttention-2 backward on tensor cores: mma.sync.m16n8k16, ldmatrix, cp.async (fp16/bf16).
 //
 // What it computes
-//   Given q, k, v, the forward's output o and log-sum-exp lse (kernels/flash/flash2_mma.py, return_lse=True) and the
-//   gradient dO = dL/do, the gradients dQ, dK, dV of attention o = softmax(scale q k^T + mask) v, in 16 bits with
-//   float32 accumulation. Causal masking is bottom-right aligned as in the forward: query i sees key j when
-//   j <= i + Tk - Tq. A query row that sees no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to
-//   dK or dV. Optionally the gradient of the lse output too (dlse): since d lse_i / d S_ij = P_ij, it only shifts
-//   the softmax's row term (delta_i below becomes delta_i - dlse_i).
+//   Given q, k, v, the forward's output o and log-sum-exp lse (flash2_mma.cu with lse) and the gradient dO = dL/do,
+//   the gradients dQ, dK, dV of o = softmax(scale q k^T + mask) v, in 16 bits with float32 accumulation. Causal
+//   masking is bottom-right aligned as in the forward: query i sees key j when j <= i + Tk - Tq. A query row that sees
+//   no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to dK or dV. Optionally the gradient of the lse
+//   output too (dlse): d lse_i / d S_ij = P_ij, so it only shifts the row term (delta_i becomes delta_i - dlse_i).
+//   Notebook 12 teaches it.
 //
 // The math (per head; S = scale Q K^T masked, P = softmax(S) by rows, O = P V; reference/backward.py)
-//   dV = P^T dO          dP = dO V^T          dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic
-//   dQ = scale dS K      dK = scale dS^T Q
-//   P is never stored by the forward: it is recomputed here from the forward's lse, one exp2 per score:
-//   P_ij = 2^(c S_ij - lse_i log2 e) with c = scale log2 e, exactly the normalised probability.
+//   dV = P^T dO      dP = dO V^T      dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic      dQ = scale dS K
+//   dK = scale dS^T Q. P is recomputed from the forward's lse, one exp2 per score: P_ij = 2^(c S_ij - lse_i log2 e)
+//   with c = scale log2 e, exactly the normalised probability.
 //
-// Three kernels, launched in this order (kernels/flash/flash2_mma_bwd.py)
-//   flash2_bwd_preprocess  one warp per query row: delta_i = rowsum(dO * O) - dlse_i (float32), lse2_i = lse_i log2 e
-//                          (+inf for a row that sees no key, so that 2^(c s - lse2) = 0), and the row of the float32
-//                          dQ accumulator set to 0.  grid = ceil(B H Tq / PRE_WARPS), block = 32 PRE_WARPS.
-//   flash2_bwd_main        one block per (K/V tile of BC keys, b h). The block keeps its K and V tile in shared
-//                          memory and its dK, dV accumulators in registers, and walks the query tiles (BR rows):
+// Algorithm: three kernels, launched in this order on one stream (kernels/flash/flash2_mma_bwd.py)
+//   1. flash2_bwd_preprocess  one warp per query row: delta = rowsum(dO * O) - dlse; lse2 = lse log2 e (+inf where
+//      lse = -inf, so that 2^(c s - lse2) = 0); the row of the float32 dQ accumulator set to 0.
+//   2. flash2_bwd_main  one block per (K/V tile of BC = 16 NWARPS keys, b h): K and V stay in shared memory, dK and dV
+//      in registers (each warp owns 16 keys, so it computes S^T and dP^T: keys in rows). For each query tile i of BR
+//      queries (causal: from the first that sees one of the block's keys), Q_i and dO_i double buffered by cp.async:
+//        a. S^T = K Q_i^T (warp_abt); P^T = 2^(c S^T - lse2), masked entries 0             recompute_p
+//        b. dV += P^T dO_i    P^T from registers (the C layout is the A layout), dO by ldmatrix.trans   accumulate_dv
+//        c. dP^T = V dO_i^T; dS^T = P^T * (dP^T - delta)                                    compute_ds
+//        d. dK += dS^T Q_i    dS^T in 16 bits from registers, and into shared memory (sdS)  accumulate_dk
+//        e. __syncthreads; dQ_i += dS K: each warp a slice of the BR x D tile, float32 atomic adds into the
+//           accumulator (four floats per instruction from sm_90 on)                         accumulate_dq
+//      then dK = scale dK and dV are stored in 16 bits                                      store_dk_dv
+//   3. flash2_bwd_convert  dQ = scale * accumulator, in 16 bits.
+//   Why atomics for dQ: dK and dV sum over queries, dQ over keys, so no loop order keeps all three in registers. A
+//   second kernel per query tile would need no atomics and no float32 scratch but would recompute S and dP (two of the
+//   five products: 40% more tensor work). The atomics' order varies, so dQ is not bitwise reproducible; dK, dV are.
 //
-//       for each query tile i (causal: from the first tile that sees one of the block's keys):
-//           wait for Q_i, dO_i (cp.async, double buffered: tile i+1 streams in while tile i computes)
-//           S^T  = K Q_i^T                 per warp: its 16 keys x BR queries, in float32 registers
-//           P^T  = 2^(c S^T - lse2)        masked keys / queries -> 0
-//           dV  += P^T dO_i                P^T from registers (the C layout is the next A layout), dO by ldmatrix.trans
-//           dP^T = V dO_i^T
-//           dS^T = P^T * (dP^T - delta)    -> 16 bits, kept in registers AND written to shared memory (sdS)
-//           dK  += dS^T Q_i                dS^T from registers, Q by ldmatrix.trans
-//           __syncthreads                  (sdS complete: every warp's keys)
-//           dQ_i += dS K                   (BR x BC)(BC x D): each warp a slice of the BR x D tile, dS by
-//                                          ldmatrix.trans from sdS, K by ldmatrix.trans; float32 atomic adds
-//                                          into the dQ accumulator in global memory (four floats per instruction
-//                                          on Hopper)
-//       dK = scale dK, dV -> 16 bits, stored
-//   flash2_bwd_convert     dQ = scale * dQ accumulator -> 16 bits (element-wise).
+// Layouts: q, o, dO, dq (B, H, Tq, d) and k, v, dk, dv (B, H, Tk, d), contiguous 16-bit; lse, dlse, delta, lse2
+//   (B, H, Tq) and dq_acc (B, H, Tq, d) float32. Shared memory of the main kernel (16-bit unless said; rows padded by
+//   SMEM_PAD = 8 elements): sK, sV [BC][D+8], sQ, sdO [2][BR][D+8], sdS [BC][BR+8], lse2, delta [2][BR] float32.
 //
-// Why dQ by atomics (and not a second pass)
-//   dK and dV sum over queries, dQ over keys: no single loop order keeps all three in registers. FlashAttention-2
-//   loops over queries inside a K/V block (dK, dV in registers) and adds each block's share of dQ to a float32
-//   accumulator with atomics. The alternative, a second kernel with one block per query tile looping over K/V
-//   tiles, needs no atomics and no float32 scratch (B H Tq d x 4 bytes), but recomputes S = Q K^T and dP = dO V^T:
-//   two of the five matrix products again, 40% more tensor work. The atomics add every element of dQ once per K/V
-//   tile (Tk / BC times), and their cost is the number of atomic instructions the L2 must serve: with one float per
-//   instruction they were this kernel's bottleneck on the H100 (notebook 12, exercise 6); Hopper's vector atomics
-//   (atomicAdd on a float4, compute capability 9.0) add four neighbouring floats at once, after one lane swap
-//   puts four consecutive columns of one row in each lane, and BC = 128 keys per block halves the count again.
-//   Their order varies from run to run, so dQ is not bitwise reproducible (float32 sums in a different order),
-//   while dK and dV are.
+// Launch
+//   preprocess  grid = ceil(B H Tq / PRE_WARPS), block = 32 PRE_WARPS, no shared memory
+//   main        grid = (ceil(Tk / BC), B H), block = 32 NWARPS (blockIdx.x = 0, the first keys, sees the most query tiles
+//               under a causal mask: the longest blocks start first); dynamic shared memory =
+//               2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR bytes (above 48 KB: cudaFuncSetAttribute first).
+//               Default builds: NWARPS = 8 (BC = 128), BR = 128 at D <= 64 and 64 at D = 96, 128, MIN_BLOCKS = 1
+//   convert     grid = min(ceil(B H Tq d / 2 / 256), 8192), block = 256 (a grid-stride loop)
 //
-// mma.sync.m16n8k16 register layouts (g = lane / 4, t = lane % 4), as in flash2_mma.cu
-//        A (16 x 16, row)               B (16 x 8, "col")        C/D (16 x 8, float32)
-//   g   [ a0: (g,2t..2t+1) | a2 ]        b0 = B[2t..2t+1][g]     c0, c1 : row g
-//   g+8 [ a1               | a3 ]        b1 = B[2t+8..+9][g]     c2, c3 : row g + 8
-//   Two C tiles side by side (columns 0..7 and 8..15) are, element for element, one A tile (columns 0..15): so
-//   P^T and dS^T (keys x queries) are A operands of dV += P^T dO and dK += dS^T Q without leaving the registers.
+// Kernels (u16: the bits of float16, BF16 = false, or bfloat16, BF16 = true)
+//   template <bool BF16> flash2_bwd_preprocess(const u16* o, const u16* dout, const float* lse, const float* dlse,
+//       float* delta, float* lse2, float* dq_acc, long long rows, int d)      rows = B H Tq; dlse == nullptr: no dlse
+//   template <int D, int BR, int NWARPS, int MIN_BLOCKS, bool BF16> flash2_bwd_main(const u16* q, const u16* k,
+//       const u16* v, const u16* dout, const float* lse2, const float* delta, float* dq_acc, u16* dk, u16* dv,
+//       int Tq, int Tk, int d, float scale, int causal)
+//   template <bool BF16> flash2_bwd_convert(const float* dq_acc, u16* dq, long long pairs, float scale)
+//                                                                                pairs = B H Tq d / 2
+//   scale: the softmax scale itself (> 0; the forward takes scale log2 e instead). D: the head-dim build (32, 64, 96
+//   or 128), a capacity; d <= D is the length. causal: 0 or 1. -D switches, defaults as the launcher passes them:
+//   SMEM_PAD 8, PRE_WARPS 4.
 //
-// Shared memory (16-bit elements unless said; rows padded by SMEM_PAD = 8 elements = 16 bytes against bank conflicts)
-//   sK [BC][D+8], sV [BC][D+8], sQ [2][BR][D+8], sdO [2][BR][D+8], sdS [BC][BR+8], lse2 [2][BR] f32, delta [2][BR] f32
-//   bytes = 2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR     (kernels/flash/flash2_mma_bwd.py: BwdTile.smem_bytes)
+// Requires compute capability 8.0 (cp.async, ldmatrix, bf16 mma.sync; the float4 atomics of sm_90 are chosen at compile
+// time); includes ptx/common.cuh, ptx/cp_async.cuh and ptx/mma_sync.cuh. Build it alone, from the repository root:
+//   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma_bwd.cu -o flash2_mma_bwd.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
+//     "flash2_bwd_preprocess<false>" "flash2_bwd_main<64, 128, 8, 1, false>" "flash2_bwd_convert<false>"
 //
-// Launch (main kernel): grid = (ceil(Tk / BC), B H), block = 32 NWARPS with BC = 16 NWARPS (each warp owns 16 keys).
-//   blockIdx.x = 0 is the first K/V tile: under a causal mask it sees the most query tiles, so the longest blocks
-//   start first.
-//
-// Limits (checked by kernels/flash/flash2_mma_bwd.py): d % 8 == 0 and d <= D for a build D in {32, 64, 96, 128} (columns
-//   d..D-1 zero-filled, never written); any Tq, Tk >= 1 (rows past the end zero-filled on load, masked, not stored);
-//   q, k, v, o, dO 16-byte aligned and contiguous (B, H, T, d); lse, delta, lse2 float32 (B, H, Tq); the float32
-//   dQ accumulator (B, H, Tq, d) 16-byte aligned for the vector atomics (the launcher puts it at the start of its
-//   workspace, delta and lse2 after it).
-//
-// Numerics: products in 16 bits (P and dS rounded to 16 bits before their products, as in FlashAttention-2), sums in
-//   float32; exp2 by ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
-//
-// What the next version improves: each warp re-reads the whole Q and dO tile from shared memory for its 16 keys
-//   (FlashAttention-2 splits the S tile over warps in both directions to share those reads), a second barrier per
-//   query tile that could overlap with the next tile's products, and on Hopper wgmma + TMA (FlashAttention-3).
+// Limits (checked by the launcher): d % 8 == 0 and d <= D; columns d..D-1 zero-filled, never written; any Tq, Tk >= 1
+//   (rows past the end zero-filled, masked, not stored); the 16-bit tensors 16-byte aligned; dq_acc 16-byte aligned for
+//   the float4 atomics (the launcher puts it at the start of its workspace, delta and lse2 after it).
+// Numerics: products in 16 bits (P and dS rounded to 16 bits first, as in FlashAttention-2), sums in float32; exp2 by
+//   ex2.approx; dQ summed by float32 atomics in an order that varies between runs.
+// What the next version would improve, and what was measured: kernels/flash/README.md.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
+#include "ptx/common.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/mma_sync.cuh"
 
-#define DEVICE __device__ __forceinline__
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define POS_INF (__int_as_float(0x7f800000))
 #define FULL_MASK 0xffffffffu
@@ -106,62 +96,7 @@ enum : int {
 static_assert(PRE_WARPS >= 1 && PRE_WARPS <= 32, "PRE_WARPS: 1..32 warps per preprocess block");
 static_assert(SMEM_PAD % CHUNK == 0, "SMEM_PAD must keep shared rows 16-byte aligned");
 
-// ---------------------------------------------------------------------------------------------------------
-// PTX wrappers (the same instructions and names as flash2_mma.cu; this file stands alone).
-// ---------------------------------------------------------------------------------------------------------
-
-DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared without registers; in_range = false writes 16 zero bytes and reads nothing.
-DEVICE void cp_async_16(u32 dst, const void* src, bool in_range) {
-    const int src_bytes = in_range ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int PENDING>
-DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory"); }
-
-// Four 8x8 matrices: lane l gives the address of row l % 8 of matrix l / 8 and gets, of matrix i, row l / 4,
-// columns 2(l % 4) and 2(l % 4) + 1 in r[i]. The .trans form gives rows 2(l % 4), 2(l % 4) + 1 of column l / 4.
-DEVICE void ldmatrix_x4(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-DEVICE void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// D (16x8, f32) += A (16x16, row) * B (16x8, col), 16-bit inputs.
-template <bool BF16>
-DEVICE void mma_16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if constexpr (BF16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
-
-// Two floats -> one register of two 16-bit values, lo in the low half (round to nearest even).
-template <bool BF16>
-DEVICE u32 pack2(float lo, float hi) {
-    u32 r;
-    if constexpr (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
-// One 16-bit value -> float.
+// One 16-bit value -> float (not a PTX wrapper of kernels/ptx/: bfloat16 is a shift, float16 one cvt).
 template <bool BF16>
 DEVICE float to_float(u16 x) {
     float f;
@@ -171,12 +106,6 @@ DEVICE float to_float(u16 x) {
         asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
     }
     return f;
-}
-
-DEVICE float exp2_ftz(float x) {  // 2^x on the special-function unit; 2^-inf = 0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 DEVICE float warp_sum(float x) {
@@ -203,14 +132,12 @@ DEVICE void load_tile_async(u32 tile, const u16* __restrict__ src, int row0, int
 // Warp-level products. acc has the C layout: 16 rows (g, g + 8) x N columns (n-tile nt: columns 8nt + 2t, +1).
 // ---------------------------------------------------------------------------------------------------------
 
-// acc = A B^T: A = 16 rows of a shared tile (a_lane: this lane's ldmatrix address for row l % 16, column half
-// l / 16), B = N rows of another shared tile (b_tile: its first row; row stride LD), depth KD.
-// Used for S^T = K Q^T and dP^T = V dO^T (the warp's 16 keys against the BR queries).
-template <int KD, int N, int LD, bool BF16>
-DEVICE void warp_abt(float (&acc)[N / MMA_N][4], u32 a_lane, u32 b_tile) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    // B rows (the n index) l % 8 + 8 (l / 16), column half (l / 8) % 2: b[0], b[1] n-tile 2np; b[2], b[3] 2np + 1
-    const u32 b_lane = b_tile + 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
+// acc = A B (16 x N, depth KD), both operands from shared memory by ldmatrix. DEPTH_MAJOR = false: A's 16 rows and B's
+// N columns are rows of their tiles (depth along a row, A B^T of two row-major tiles); DEPTH_MAJOR = true: the depth runs
+// down the tiles' rows (A stored [KD][16], B [KD][N], row strides LDA and LDB), read with ldmatrix.trans. a_lane,
+// b_lane: this lane's ldmatrix row addresses for k-step 0 (B: n-tiles 0 and 1).
+template <int KD, int N, int LDA, int LDB, bool DEPTH_MAJOR, bool BF16>
+DEVICE void warp_mma_smem(float (&acc)[N / MMA_N][4], u32 a_lane, u32 b_lane) {
 #pragma unroll
     for (int nt = 0; nt < N / MMA_N; ++nt)
 #pragma unroll
@@ -218,15 +145,32 @@ DEVICE void warp_abt(float (&acc)[N / MMA_N][4], u32 a_lane, u32 b_tile) {
 #pragma unroll
     for (int kk = 0; kk < KD / MMA_K; ++kk) {
         u32 a[4];
-        ldmatrix_x4(a, a_lane + 2 * kk * MMA_K);
+        if constexpr (DEPTH_MAJOR)
+            ldmatrix_x4_trans(a, a_lane + 2 * kk * MMA_K * LDA);
+        else
+            ldmatrix_x4(a, a_lane + 2 * kk * MMA_K);
 #pragma unroll
         for (int np = 0; np < N / (2 * MMA_N); ++np) {
-            u32 b[4];
-            ldmatrix_x4(b, b_lane + 2 * (np * 2 * MMA_N * LD + kk * MMA_K));
+            u32 b[4];  // b[0], b[1]: n-tile 2np; b[2], b[3]: n-tile 2np + 1
+            if constexpr (DEPTH_MAJOR)
+                ldmatrix_x4_trans(b, b_lane + 2 * (kk * MMA_K * LDB + np * 2 * MMA_N));
+            else
+                ldmatrix_x4(b, b_lane + 2 * (np * 2 * MMA_N * LDB + kk * MMA_K));
             mma_16816<BF16>(acc[2 * np], a, b[0], b[1]);
             mma_16816<BF16>(acc[2 * np + 1], a, b[2], b[3]);
         }
     }
+}
+
+// acc = A B^T: A = 16 rows of a shared tile (a_lane: this lane's ldmatrix address for row l % 16, column half
+// l / 16), B = N rows of another shared tile (b_tile: its first row; row stride LD), depth KD.
+// Used for S^T = K Q^T and dP^T = V dO^T (the warp's 16 keys against the BR queries).
+template <int KD, int N, int LD, bool BF16>
+DEVICE void warp_abt(float (&acc)[N / MMA_N][4], u32 a_lane, u32 b_tile) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    // B rows (the n index) l % 8 + 8 (l / 16), column half (l / 8) % 2
+    const u32 b_lane = b_tile + 2 * ((lane % 8 + (lane / 16) * 8) * LD + ((lane / 8) % 2) * CHUNK);
+    warp_mma_smem<KD, N, LD, LD, false, BF16>(acc, a_lane, b_lane);
 }
 
 // The A fragments of a 16 x KD 16-bit matrix held in C-layout float registers (KD / 8 n-tiles): k-step kk takes
@@ -304,6 +248,159 @@ __global__ void flash2_bwd_convert(const float* __restrict__ dq_acc, u16* __rest
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// The steps of the main kernel, as one warp sees them: its 16 keys (rows 16 warp .. 16 warp + 15 of the block's K/V
+// tile) against the BR queries of query tile i. acc arrays have the C layout of mma.m16n8k16: lane (g, t) holds rows g
+// and g + 8, columns 2t and 2t + 1 of each n-tile. The steps are force-inlined, and the register arrays they fill are
+// declared by the kernel, in a block around the call: so the kernel compiles to the machine code it had as one body
+// (declared inside the steps, the same arrays gave other register assignments; kernels/flash/README.md).
+// ---------------------------------------------------------------------------------------------------------
+
+// Q_i and dO_i, BR rows from q0 of this head (qh, doh), into one stage of sQ and sdO (cp.async; the caller commits).
+template <int D, int BR, int NTHREADS>
+DEVICE void load_query_tile(u32 sq, u32 sdo, const u16* __restrict__ qh, const u16* __restrict__ doh, int q0, int Tq,
+                            int d) {
+    load_tile_async<BR, D, NTHREADS>(sq, qh, q0, Tq, d);
+    load_tile_async<BR, D, NTHREADS>(sdo, doh, q0, Tq, d);
+}
+
+// P^T = 2^(c S^T - lse2) in place of S^T = K Q_i^T (the warp's 16 keys x BR queries): the forward's probabilities,
+// recomputed from its lse (lse2 = lse log2 e). Where edge (the tile holds a masked pair), masked entries (keys >= Tk;
+// if causal, a key after its query's diagonal) give 0. tl: this lane's pair (lse2 of queries 2t, 2t + 1) of n-tile 0
+// in shared memory; k0, q0: the block's first key, the tile's first query.
+template <int BR>
+DEVICE void recompute_p(float (&acc_s)[BR / MMA_N][4], const float2* tl, bool edge, int k0, int q0, int Tk, int diag,
+                        int causal, float scale_log2) {
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < BR / MMA_N; ++nt) {
+        const float2 l2 = tl[nt * (MMA_N / 2)];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = nt * MMA_N + 2 * t + (e & 1);  // query within the tile
+            const int key = k0 + warp * MMA_M + g + 8 * (e >> 1);
+            float s = acc_s[nt][e];
+            if (edge && (key >= Tk || (causal && key > q0 + col + diag))) s = NEG_INF;
+            acc_s[nt][e] = exp2_ftz(fmaf(s, scale_log2, -((e & 1) ? l2.y : l2.x)));
+        }
+    }
+}
+
+// dV += P^T dO_i: P^T from registers, in 16 bits (pt: its A fragments; the C layout of two n-tiles is the A layout),
+// dO_i by ldmatrix.trans.
+template <int D, int BR, bool BF16>
+DEVICE void accumulate_dv(float (&acc_dv)[D / MMA_N][4], u32 (&pt)[BR / MMA_K][4], const float (&acc_s)[BR / MMA_N][4],
+                          u32 do_tile) {
+    c_to_a<BR, BF16>(pt, acc_s);
+    warp_ab_regs<BR, D, D + SMEM_PAD, BF16>(acc_dv, pt, do_tile);
+}
+
+// dP^T = V dO_i^T (the warp's 16 keys x BR queries), then dS^T = P^T (dP^T - delta) in place. v_lane: this lane's A row
+// address in sV; td: this lane's (delta of query 2t, 2t + 1) pair of n-tile 0 in shared memory.
+template <int D, int BR, bool BF16>
+DEVICE void compute_ds(float (&acc_dp)[BR / MMA_N][4], const float (&acc_s)[BR / MMA_N][4], u32 v_lane, u32 do_tile,
+                       const float2* td) {
+    warp_abt<D, BR, D + SMEM_PAD, BF16>(acc_dp, v_lane, do_tile);
+#pragma unroll
+    for (int nt = 0; nt < BR / MMA_N; ++nt) {
+        const float2 dl = td[nt * (MMA_N / 2)];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+    }
+}
+
+// dK += dS^T Q_i: dS^T from registers, in 16 bits (dst: its A fragments), Q_i by ldmatrix.trans. The same 16-bit dS^T
+// goes to the warp's 16 rows of sdS [keys][queries] (sds: its first byte, a generic pointer into shared memory), for
+// dQ = dS K.
+template <int D, int BR, bool BF16>
+DEVICE void accumulate_dk(float (&acc_dk)[D / MMA_N][4], u32 (&dst)[BR / MMA_K][4], const float (&acc_ds)[BR / MMA_N][4],
+                          u32 q_tile, unsigned char* sds) {
+    constexpr int LDS = BR + SMEM_PAD;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    c_to_a<BR, BF16>(dst, acc_ds);
+#pragma unroll
+    for (int kk = 0; kk < BR / MMA_K; ++kk) {  // dst[kk][0..3]: (g, 0..7), (g+8, 0..7), (g, 8..15), (g+8, 8..15)
+        u32* r0 = reinterpret_cast<u32*>(sds + 2 * ((warp * MMA_M + g) * LDS + kk * MMA_K + 2 * t));
+        u32* r1 = reinterpret_cast<u32*>(sds + 2 * ((warp * MMA_M + g + 8) * LDS + kk * MMA_K + 2 * t));
+        r0[0] = dst[kk][0];
+        r1[0] = dst[kk][1];
+        r0[CHUNK / 2] = dst[kk][2];
+        r1[CHUNK / 2] = dst[kk][3];
+    }
+    warp_ab_regs<BR, D, D + SMEM_PAD, BF16>(acc_dk, dst, q_tile);
+}
+
+// dQ_acc[row, col] += acc_q for the warp's slice: rows row0 + (g, g + 8), DN columns from col0 (acc_q in the C layout).
+// dq_acc + q_base is this head's float32 accumulator (rows d floats apart); rows >= Tq and columns >= d are skipped.
+template <int DN>
+DEVICE void atomic_add_dq(float* __restrict__ dq_acc, long long q_base, const float (&acc_q)[DN / MMA_N][4], int row0,
+                          int col0, int Tq, int d) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < DN / MMA_N; ++nt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // Hopper adds four floats in one reduction. Lanes t and t^1 trade halves: the even lane then holds columns
+        // 2t..2t+3 of row g, the odd lane columns 2t-2..2t+1 of row g + 8 (16-byte aligned, as d % 8 == 0 and the
+        // accumulator starts 16-byte aligned).
+        const bool odd = t & 1;
+        const float s0 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][0] : acc_q[nt][2], 1);
+        const float s1 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][1] : acc_q[nt][3], 1);
+        const int row = row0 + g + (odd ? 8 : 0);
+        const int col = col0 + nt * MMA_N + 2 * (t & ~1);
+        if (row < Tq && col < d) {
+            const float4 x = odd ? make_float4(s0, s1, acc_q[nt][2], acc_q[nt][3])
+                                 : make_float4(acc_q[nt][0], acc_q[nt][1], s0, s1);
+            atomicAdd(reinterpret_cast<float4*>(dq_acc + q_base + (long long)row * d + col), x);
+        }
+#else
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // before Hopper: 32-bit reductions, two per row
+            const int row = row0 + g + 8 * h;
+            const int col = col0 + nt * MMA_N + 2 * t;
+            if (row < Tq && col < d) {
+                float* dst = dq_acc + q_base + (long long)row * d + col;
+                atomicAdd(dst, acc_q[nt][2 * h]);
+                atomicAdd(dst + 1, acc_q[nt][2 * h + 1]);
+            }
+        }
+#endif
+    }
+}
+
+// dQ_i += dS K for the warp's slice of the BR x D tile: 16 queries from row0 x DN columns from dn0 (acc_q), depth the
+// BC keys of the block. dS by ldmatrix.trans from sdS [keys][queries] (ds_lane), K by ldmatrix.trans (kt_lane: this
+// lane's row address, at column dn0); then float32 atomic adds into the accumulator.
+template <int D, int BR, int NWARPS, bool BF16, int DN = D / (NWARPS / (BR / MMA_M))>
+DEVICE void accumulate_dq(float (&acc_q)[DN / MMA_N][4], float* __restrict__ dq_acc, long long q_base, u32 ds_lane,
+                          u32 kt_lane, int row0, int dn0, int Tq, int d) {
+    warp_mma_smem<MMA_M * NWARPS, DN, BR + SMEM_PAD, D + SMEM_PAD, true, BF16>(acc_q, ds_lane, kt_lane);  // depth: keys
+    atomic_add_dq<DN>(dq_acc, q_base, acc_q, row0, dn0, Tq, d);
+}
+
+// The end: dK = scale dK and dV in 16 bits, keys < Tk and columns < d. k_base: this head's first element; key_g: the
+// key of this lane's row g (its row g + 8 holds key_g + 8).
+template <int D, bool BF16>
+DEVICE void store_dk_dv(u16* __restrict__ dk, u16* __restrict__ dv, long long k_base, const float (&acc_dk)[D / MMA_N][4],
+                        const float (&acc_dv)[D / MMA_N][4], int key_g, int Tk, int d, float scale) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = key_g + 8 * h;
+        if (key < Tk) {
+#pragma unroll
+            for (int nt = 0; nt < D / MMA_N; ++nt) {
+                const int col = nt * MMA_N + 2 * t;
+                if (col < d) {
+                    const long long at = k_base + (long long)key * d + col;
+                    *reinterpret_cast<u32*>(dk + at) =
+                        pack2<BF16>(acc_dk[nt][2 * h] * scale, acc_dk[nt][2 * h + 1] * scale);
+                    *reinterpret_cast<u32*>(dv + at) = pack2<BF16>(acc_dv[nt][2 * h], acc_dv[nt][2 * h + 1]);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Kernel 2: one block per (K/V tile, b h). D: head-dim build; BR: queries per tile; NWARPS: warps (BC = 16 NWARPS
 // keys); MIN_BLOCKS: blocks per SM the compiler must leave registers for.
 // ---------------------------------------------------------------------------------------------------------
@@ -328,7 +425,6 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     static_assert(NWARPS % QM == 0 && D % WN == 0 && DN % (2 * MMA_N) == 0,
                   "the dQ tile (BR x D) must split into whole 16-row, 16-column slices, one per warp");
     static_assert(NTHREADS >= BR, "one thread per query row loads lse2 and delta");
-
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 sK = smem_addr(smem_raw);
     const u32 sV = sK + 2 * BC * LD;
@@ -338,10 +434,8 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     float* s_lse2 = reinterpret_cast<float*>(smem_raw + 2 * (2 * BC * LD + 4 * BR * LD + BC * LDS));  // [2][BR]
     float* s_delta = s_lse2 + 2 * BR;                                                                  // [2][BR]
     constexpr u32 TILE_Q = 2 * BR * LD;       // bytes of one Q (or dO) stage
-
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
-    const int bh = blockIdx.y;
-    const int k0 = blockIdx.x * BC;
+    const int bh = blockIdx.y, k0 = blockIdx.x * BC;  // this block: head bh, keys k0 .. k0 + BC - 1
     const int diag = Tk - Tq;  // query i sees keys j <= i + diag
     const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d, r_base = (long long)bh * Tq;
 
@@ -353,8 +447,7 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     load_tile_async<BC, D, NTHREADS>(sK, k + k_base, k0, Tk, d);
     load_tile_async<BC, D, NTHREADS>(sV, v + k_base, k0, Tk, d);
     if (first < n_qtiles) {
-        load_tile_async<BR, D, NTHREADS>(sQ, q + q_base, first * BR, Tq, d);
-        load_tile_async<BR, D, NTHREADS>(sdO, dout + q_base, first * BR, Tq, d);
+        load_query_tile<D, BR, NTHREADS>(sQ, sdO, q + q_base, dout + q_base, first * BR, Tq, d);
         if (threadIdx.x < BR) {
             const int row = first * BR + threadIdx.x;
             s_lse2[threadIdx.x] = row < Tq ? lse2[r_base + row] : POS_INF;  // a row past Tq: P = 0
@@ -362,7 +455,6 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         }
     }
     cp_async_commit();
-
     float acc_dk[O_NT][4], acc_dv[O_NT][4];
 #pragma unroll
     for (int nt = 0; nt < O_NT; ++nt)
@@ -388,8 +480,8 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         __syncthreads();  // tile i (and lse2, delta) visible to all; every warp is done with tile i-1's stage and sdS
         float next_lse2 = POS_INF, next_delta = 0.f;
         if (i + 1 < n_qtiles) {  // tile i+1 streams into the other stage while this one computes
-            load_tile_async<BR, D, NTHREADS>(sQ + (stage ^ 1) * TILE_Q, q + q_base, q0 + BR, Tq, d);
-            load_tile_async<BR, D, NTHREADS>(sdO + (stage ^ 1) * TILE_Q, dout + q_base, q0 + BR, Tq, d);
+            load_query_tile<D, BR, NTHREADS>(sQ + (stage ^ 1) * TILE_Q, sdO + (stage ^ 1) * TILE_Q, q + q_base,
+                                             dout + q_base, q0 + BR, Tq, d);
             cp_async_commit();
             const int row = q0 + BR + threadIdx.x;
             if (threadIdx.x < BR && row < Tq) {  // loaded now, stored at the end of the tile
@@ -402,104 +494,29 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
         const float2* tl = reinterpret_cast<const float2*>(s_lse2 + stage * BR) + t;
         const float2* td = reinterpret_cast<const float2*>(s_delta + stage * BR) + t;
 
-        // S^T = K Q^T (16 keys x BR queries), then P^T = 2^(c S^T - lse2) in place, masked entries 0
+        // ---- S^T = K Q^T, then P^T = 2^(c S^T - lse2) ------------------------------------------------------------
         float acc_s[S_NT][4];
         warp_abt<D, BR, LD, BF16>(acc_s, sK + a_off, q_tile);
-        const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);
-#pragma unroll
-        for (int nt = 0; nt < S_NT; ++nt) {
-            const float2 l2 = tl[nt * (MMA_N / 2)];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = nt * MMA_N + 2 * t + (e & 1);  // query within the tile
-                const int key = k0 + warp * MMA_M + g + 8 * (e >> 1);
-                float s = acc_s[nt][e];
-                if (edge && (key >= Tk || (causal && key > q0 + col + diag))) s = NEG_INF;
-                acc_s[nt][e] = exp2_ftz(fmaf(s, scale_log2, -((e & 1) ? l2.y : l2.x)));
-            }
-        }
-        // dV += P^T dO
+        const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // a masked (key, query) in the tile?
+        recompute_p<BR>(acc_s, tl, edge, k0, q0, Tk, diag, causal, scale_log2);
+        // ---- dV += P^T dO ---------------------------------------------------------------------------------------
         {
-            u32 a[BR / MMA_K][4];
-            c_to_a<BR, BF16>(a, acc_s);
-            warp_ab_regs<BR, D, LD, BF16>(acc_dv, a, do_tile);
+            u32 pt[BR / MMA_K][4];
+            accumulate_dv<D, BR, BF16>(acc_dv, pt, acc_s, do_tile);
         }
-        // dP^T = V dO^T; dS^T = P^T (dP^T - delta)
-        float acc_dp[S_NT][4];
-        warp_abt<D, BR, LD, BF16>(acc_dp, sV + a_off, do_tile);
-#pragma unroll
-        for (int nt = 0; nt < S_NT; ++nt) {
-            const float2 dl = td[nt * (MMA_N / 2)];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-        }
-        // dS^T -> 16 bits: the A operand of dK += dS^T Q, and sdS for dQ
+        // ---- dP^T = V dO^T, then dS^T = P^T (dP^T - delta) --------------------------------------------------------
+        float acc_ds[S_NT][4];
+        compute_ds<D, BR, BF16>(acc_ds, acc_s, sV + a_off, do_tile, td);
+        // ---- dK += dS^T Q; dS^T into sdS ------------------------------------------------------------------------
         {
-            u32 a[BR / MMA_K][4];
-            c_to_a<BR, BF16>(a, acc_dp);
-#pragma unroll
-            for (int kk = 0; kk < BR / MMA_K; ++kk) {  // a[kk][0..3]: (g, 0..7), (g+8, 0..7), (g, 8..15), (g+8, 8..15)
-                unsigned char* base = smem_raw + (sdS - sK);
-                u32* r0 = reinterpret_cast<u32*>(base + 2 * ((warp * MMA_M + g) * LDS + kk * MMA_K + 2 * t));
-                u32* r1 = reinterpret_cast<u32*>(base + 2 * ((warp * MMA_M + g + 8) * LDS + kk * MMA_K + 2 * t));
-                r0[0] = a[kk][0];
-                r1[0] = a[kk][1];
-                r0[CHUNK / 2] = a[kk][2];
-                r1[CHUNK / 2] = a[kk][3];
-            }
-            warp_ab_regs<BR, D, LD, BF16>(acc_dk, a, q_tile);
+            u32 dst[BR / MMA_K][4];
+            accumulate_dk<D, BR, BF16>(acc_dk, dst, acc_ds, q_tile, smem_raw + (sdS - sK));
         }
         __syncthreads();  // sdS holds every warp's keys
-
-        // dQ_i += dS K: this warp's 16 queries x DN columns, depth BC keys, then float32 atomic adds
+        // ---- dQ_i += dS K: this warp's 16 queries x DN columns, float32 atomic adds -----------------------------
         {
             float acc_q[DN / MMA_N][4];
-#pragma unroll
-            for (int nt = 0; nt < DN / MMA_N; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < BC / MMA_K; ++kk) {
-                u32 a[4];
-                ldmatrix_x4_trans(a, ds_lane + 2 * kk * MMA_K * LDS);
-#pragma unroll
-                for (int np = 0; np < DN / (2 * MMA_N); ++np) {
-                    u32 b[4];
-                    ldmatrix_x4_trans(b, kt_lane + 2 * (kk * MMA_K * LD + np * 2 * MMA_N));
-                    mma_16816<BF16>(acc_q[2 * np], a, b[0], b[1]);
-                    mma_16816<BF16>(acc_q[2 * np + 1], a, b[2], b[3]);
-                }
-            }
-            // acc_q has the C layout: lane (g, t) holds columns 2t, 2t+1 of rows g and g + 8 in each n-tile.
-#pragma unroll
-            for (int nt = 0; nt < DN / MMA_N; ++nt) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                // Hopper adds four floats in one reduction. Lanes t and t^1 trade halves: the even lane then holds
-                // columns 2t..2t+3 of row g, the odd lane columns 2t-2..2t+1 of row g + 8 (16-byte aligned, as
-                // d % 8 == 0 and the accumulator starts 16-byte aligned).
-                const bool odd = t & 1;
-                const float s0 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][0] : acc_q[nt][2], 1);
-                const float s1 = __shfl_xor_sync(FULL_MASK, odd ? acc_q[nt][1] : acc_q[nt][3], 1);
-                const int row = q0 + qm * MMA_M + g + (odd ? 8 : 0);
-                const int col = dn0 + nt * MMA_N + 2 * (t & ~1);
-                if (row < Tq && col < d) {
-                    const float4 x = odd ? make_float4(s0, s1, acc_q[nt][2], acc_q[nt][3])
-                                         : make_float4(acc_q[nt][0], acc_q[nt][1], s0, s1);
-                    atomicAdd(reinterpret_cast<float4*>(dq_acc + q_base + (long long)row * d + col), x);
-                }
-#else
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {  // before Hopper: 32-bit reductions, two per row
-                    const int row = q0 + qm * MMA_M + g + 8 * h;
-                    const int col = dn0 + nt * MMA_N + 2 * t;
-                    if (row < Tq && col < d) {
-                        float* dst = dq_acc + q_base + (long long)row * d + col;
-                        atomicAdd(dst, acc_q[nt][2 * h]);
-                        atomicAdd(dst + 1, acc_q[nt][2 * h + 1]);
-                    }
-                }
-#endif
-            }
+            accumulate_dq<D, BR, NWARPS, BF16>(acc_q, dq_acc, q_base, ds_lane, kt_lane, q0 + qm * MMA_M, dn0, Tq, d);
         }
         if (threadIdx.x < BR) {  // the next tile's lse2 and delta, into the stage no warp reads now
             s_lse2[(stage ^ 1) * BR + threadIdx.x] = next_lse2;
@@ -509,22 +526,7 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     cp_async_wait<0>();  // nothing in flight at exit
 
     // ---- dK = scale dK, dV: 16 bits, rows < Tk and columns < d --------------------------------------------------
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = k0 + warp * MMA_M + g + 8 * h;
-        if (key < Tk) {
-#pragma unroll
-            for (int nt = 0; nt < O_NT; ++nt) {
-                const int col = nt * MMA_N + 2 * t;
-                if (col < d) {
-                    const long long at = k_base + (long long)key * d + col;
-                    *reinterpret_cast<u32*>(dk + at) =
-                        pack2<BF16>(acc_dk[nt][2 * h] * scale, acc_dk[nt][2 * h + 1] * scale);
-                    *reinterpret_cast<u32*>(dv + at) = pack2<BF16>(acc_dv[nt][2 * h], acc_dv[nt][2 * h + 1]);
-                }
-            }
-        }
-    }
+    store_dk_dv<D, BF16>(dk, dv, k_base, acc_dk, acc_dv, k0 + warp * MMA_M + g, Tk, d, scale);
 }
 
 // ---- the builds the launcher uses by default (kernels/flash/flash2_mma_bwd.py: TILES), instantiated so that

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .flash2_mma import raise_tile_problems
 from ..core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_array, check_grid, cp,
                     current_device, defines_from, dtype_set, get_kernel, validate_attention)
 
@@ -68,8 +69,6 @@ class BwdTile(NamedTuple):
     def check(self, D: int) -> None:
         """The static_asserts of flash2_bwd_main, as a ValueError before compiling."""
         problems = []
-        if D not in HEAD_DIMS:
-            problems.append(f"D={D} is not one of {HEAD_DIMS}")
         if self.BR < 16 or self.BR % 16:
             problems.append(f"BR={self.BR} must be a positive multiple of 16")
         elif self.NWARPS < 1 or self.NWARPS * 32 > 1024 or self.NWARPS % (self.BR // 16):
@@ -81,14 +80,12 @@ class BwdTile(NamedTuple):
             problems.append(f"NWARPS={self.NWARPS} gives fewer threads than BR={self.BR} query rows")
         if self.MIN_BLOCKS < 1:
             problems.append(f"MIN_BLOCKS={self.MIN_BLOCKS} must be >= 1")
-        if problems:
-            raise ValueError(f"tile ({', '.join(self._fields)}) = {tuple(self)} for D={D}: " + "; ".join(problems))
+        raise_tile_problems(self, D, HEAD_DIMS, problems)
 
 
-# Default builds: 8 warps, so BC = 128 keys per block (nvcc 13, sm_90: 238-255 registers, no spills). Half as many
-# K/V blocks as with 4 warps means half the Q/dO reloads and half the dQ reductions per FLOP; measured on the H100
-# (B=4 H=32, T=4096 and 16384), 8 warps were 5-15% faster than 4 and BR = 128 beat BR = 64 at d <= 64 (at d = 128 a
-# 128-query tile does not fit in shared memory).
+# Default builds: 8 warps, so BC = 128 keys per block: half as many K/V blocks as with 4 warps, so half the Q/dO
+# reloads and half the dQ reductions per FLOP; BR = 128 queries per tile where it fits (d <= 64). The measurements
+# behind them: kernels/flash/README.md.
 TILES = {
     32: BwdTile(128, 8, 1),
     64: BwdTile(128, 8, 1),
