@@ -81,7 +81,7 @@ def test_every_launcher_module_is_imported_and_registered():
         if name.startswith("kernels.") and callable(getattr(module, "forward", None)) and \
                 getattr(module, "KERNEL_FILE", None):
             assert any(v.module == name for v in kernels.tested_variants().values()), \
-                f"{name} has a forward() but registers no variant (register(Variant(..., module=__name__)))"
+                f"{name} has a forward() but registers no variant (register(Variant(name, forward, ...)))"
 
 
 def test_the_repository_stands_alone():

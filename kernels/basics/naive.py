@@ -80,12 +80,5 @@ def forward_packed(inp, NH, *, block_size=DEFAULT_BLOCK):
     return unpermute(o, block_size=block_size), preatt, att
 
 
-register(Variant(
-    name="naive",
-    forward=forward,
-    dtypes=("float32",),
-    notebook="01_naive_cuda",
-    max_d=MAX_D,
-    module=__name__,
-    description="three kernels, one thread per score / row / output (llm.c v1)",
-))
+register(Variant("naive", forward, ("float32",), "01_naive_cuda", MAX_D,
+                 description="three kernels, one thread per score / row / output (llm.c v1)"))

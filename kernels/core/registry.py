@@ -1,7 +1,7 @@
 """The registry of attention variants: every forward(q, k, v, *, causal, scale) of the course.
 
 Tests and benchmarks loop over REGISTRY, so a new kernel is tested on the full grid the moment it is
-registered. A launcher module registers its variants at import, naming itself (module=__name__);
+registered. A launcher module registers its variants at import (Variant.module is the module that defines the forward);
 `kernels/__init__.py` imports every launcher module, and tests/test_project.py fails when a launcher module
 with a forward() is not imported there or registers nothing.
 """
@@ -26,7 +26,11 @@ class Variant:
     min_cc: tuple = DEFAULT_MIN_CC
     precision: str | None = None  # tolerance class if not the dtype's own (e.g. "tf32")
     description: str = ""
-    module: str = ""  # the launcher module that registered it (kernels.<name>)
+    module: str = ""  # the launcher module that registered it; by default the module that defines forward
+
+    def __post_init__(self):
+        if not self.module:
+            object.__setattr__(self, "module", self.forward.__module__)
 
     def tolerance_class(self, dtype) -> str:
         import numpy as np
@@ -78,7 +82,11 @@ class DecodeVariant:
     splits: bool = False  # honours num_splits > 1 (split-KV)
     min_cc: tuple = DEFAULT_MIN_CC
     description: str = ""
-    module: str = ""  # the launcher module that registered it (kernels.<name>)
+    module: str = ""  # the launcher module that registered it; by default the module that defines decode
+
+    def __post_init__(self):
+        if not self.module:
+            object.__setattr__(self, "module", self.decode.__module__)
 
     def tolerance_class(self, dtype) -> str:
         import numpy as np

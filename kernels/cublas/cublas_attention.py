@@ -337,8 +337,7 @@ def fused_qkv_projection(x, wq, wk, wv, *, tf32=False):
 
 def register_cublas(name: str, forward, dtypes: tuple, notebook: str, description: str, precision=None) -> None:
     """Register a cuBLAS attention variant (any head size up to MAX_D) for the module that defines `forward`."""
-    register(Variant(name=name, module=forward.__module__, forward=forward, dtypes=dtypes, notebook=notebook,
-                     max_d=MAX_D, precision=precision, description=description))
+    register(Variant(name, forward, dtypes, notebook, MAX_D, precision=precision, description=description))
 
 
 register_cublas("cublas_fp32", forward, ("float32",), "05_cublas_attention", precision="float32",

@@ -83,13 +83,5 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False):
     return (o, lse) if return_lse else o
 
 
-register(Variant(
-    name="flash1",
-    forward=forward,
-    dtypes=("float32",),
-    notebook="03_flash_attention_1",
-    max_d=MAX_D,
-    has_lse=True,
-    module=__name__,
-    description="FlashAttention-1 loop order: K/V tiles outer, O/l/m round trip through HBM per tile (llm.c v2 made right)",
-))
+register(Variant("flash1", forward, ("float32",), "03_flash_attention_1", MAX_D, has_lse=True,
+                 description="FlashAttention-1 loop order: K/V tiles outer, O/l/m round trip through HBM per tile (llm.c v2 made right)"))

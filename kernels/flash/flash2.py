@@ -127,13 +127,5 @@ def _prepare(q, k, v, dev, causal, scale, tile):
     return Launch(kernel, (B * H, grid_y), (tile.threads,), smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
 
 
-register(Variant(
-    name="flash2_fp32",
-    forward=forward,
-    dtypes=("float32",),
-    notebook="04_flash_attention_2",
-    max_d=MAX_D,
-    has_lse=True,
-    module=__name__,
-    description="FlashAttention-2 on CUDA cores: a Q tile per block, O in registers, 4x8 register micro-tiles",
-))
+register(Variant("flash2_fp32", forward, ("float32",), "04_flash_attention_2", MAX_D, has_lse=True,
+                 description="FlashAttention-2 on CUDA cores: a Q tile per block, O in registers, 4x8 register micro-tiles"))

@@ -369,14 +369,6 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     return (o, lse) if return_lse else o
 
 
-register(Variant(
-    name="flash2_mma",
-    forward=forward,
-    dtypes=DTYPES,
-    notebook="06_fp16_tensor_cores",
-    max_d=MAX_D,
-    has_lse=True,
-    module=__name__,
-    description="FlashAttention-2 on tensor cores: mma.sync m16n8k16, ldmatrix(.trans), P in registers, "
-                "cp.async double buffering, exp2 softmax",
-))
+register(Variant("flash2_mma", forward, DTYPES, "06_fp16_tensor_cores", MAX_D, has_lse=True,
+                 description="FlashAttention-2 on tensor cores: mma.sync m16n8k16, ldmatrix(.trans), P in registers, "
+                             "cp.async double buffering, exp2 softmax"))

@@ -123,14 +123,6 @@ def _prepare(q, k, v, dev, causal, scale, tile):
     return Launch(kernel, (B * H, grid_y), (tile.threads,), smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
 
 
-register(Variant(
-    name="flash2_wmma",
-    forward=forward,
-    dtypes=tuple(CTYPES),
-    notebook="06_fp16_tensor_cores",
-    max_d=MAX_D,
-    has_lse=True,
-    module=__name__,
-    description="FlashAttention-2 on tensor cores via nvcuda::wmma 16x16x16: S and P through shared memory, "
-                "O in accumulator fragments",
-))
+register(Variant("flash2_wmma", forward, tuple(CTYPES), "06_fp16_tensor_cores", MAX_D, has_lse=True,
+                 description="FlashAttention-2 on tensor cores via nvcuda::wmma 16x16x16: S and P through shared memory, "
+                             "O in accumulator fragments"))

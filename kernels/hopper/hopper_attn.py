@@ -223,16 +223,7 @@ assert hopper_gemm.BLOCK_K == TMA_BOX_COLS  # tensor_map's box is 64 columns wid
 # In STAGING, not REGISTRY: tested on the full grid, and at its speed target (notebook 13), but kept out of notebook
 # 07's benchmark, which runs every REGISTRY variant on whatever GPU it finds and has no way yet to skip one that needs
 # a Hopper.
-register(Variant(
-    name="hopper_fa3",
-    forward=forward,
-    dtypes=DTYPES,
-    notebook="13_hopper_wgmma_tma",
-    max_d=MAX_D,
-    head_dims=HEAD_DIMS,
-    has_lse=True,
-    min_cc=MIN_CC,
-    module=__name__,
-    description="FlashAttention-3-style forward: TMA K/V rings, producer warp, two or three "
-                "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers",
-), staging=True)
+register(Variant("hopper_fa3", forward, DTYPES, "13_hopper_wgmma_tma", MAX_D, head_dims=HEAD_DIMS, has_lse=True,
+                 min_cc=MIN_CC, description="FlashAttention-3-style forward: TMA K/V rings, producer warp, two or three "
+                 "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers"),
+         staging=True)

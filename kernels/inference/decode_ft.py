@@ -164,14 +164,7 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
     return (o, lse) if return_lse else o
 
 
-register_decode(DecodeVariant(
-    name="decode_ft",
-    decode=decode,
-    dtypes=DTYPES,
-    notebook="08_decoding_kv_cache",
-    head_dims=HEAD_DIMS,
-    max_tq=MAX_TQ,
-    module=__name__,
-    description="FasterTransformer's decoder attention: a block per query row, q in registers, 16-byte loads, "
-                "warp-shuffle dot products, logits in shared memory, block softmax, value pass; plain or FT key layout",
-))
+register_decode(DecodeVariant("decode_ft", decode, DTYPES, "08_decoding_kv_cache", HEAD_DIMS, MAX_TQ,
+                              description="FasterTransformer's decoder attention: a block per query row, q in registers, "
+                              "16-byte loads, warp-shuffle dot products, logits in shared memory, block softmax, value "
+                              "pass; plain or FT key layout"))

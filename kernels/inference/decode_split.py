@@ -333,5 +333,5 @@ for _name, _decode, _description in (
          "the last block of each group; paged")):
     register_decode(DecodeVariant(name=_name, decode=_decode, dtypes=DTYPES, notebook="08_decoding_kv_cache",
                                   head_dims=HEAD_DIMS, max_tq=MAX_TQ, paged=True, page_sizes=PAGE_SIZES, splits=True,
-                                  module=__name__, description=_description))
+                                  description=_description))
 del _name, _decode, _description

@@ -426,14 +426,6 @@ def instruction_counts(compiled) -> dict:
     }
 
 
-register(Variant(
-    name="flash2_triton",
-    forward=forward,
-    dtypes=DTYPES,
-    notebook="11_triton_flash_attention",
-    max_d=MAX_D,
-    has_lse=True,
-    module=__name__,
-    description="FlashAttention-2 in Triton: one program per 128-row block, exp2 with log2(e) in the scale, "
-                "off-band/on-band causal loops; wgmma on Hopper; backward with a separate dQ kernel",
-))
+register(Variant("flash2_triton", forward, DTYPES, "11_triton_flash_attention", MAX_D, has_lse=True,
+                 description="FlashAttention-2 in Triton: one program per 128-row block, exp2 with log2(e) in the scale, "
+                             "off-band/on-band causal loops; wgmma on Hopper; backward with a separate dQ kernel"))
