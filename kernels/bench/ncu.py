@@ -45,8 +45,8 @@ def launch():
     import cupy as cp
 
     import reference as R
-    from kernels import flash2_mma as M
-    from kernels.bench import sdpa_peer
+    from ..flash import flash2_mma as M
+    from .attention import sdpa_peer
 
     for d in (64, 128):
         q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
@@ -81,8 +81,8 @@ def launch_hopper():
     import cupy as cp
 
     import reference as R
-    from kernels import hopper_attn as A
-    from kernels.bench import sdpa_peer
+    from ..hopper import hopper_attn as A
+    from .attention import sdpa_peer
 
     for d in (64, 128):
         q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
