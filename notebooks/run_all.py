@@ -1,4 +1,4 @@
-"""The course's main job: execute every notebook in order, then check and time every kernel.
+"""The course's main job: execute every notebook in order, then check and time every kernel at llm.c's shape.
 
     python3 notebooks/run_all.py              # all notebooks, then the kernel summary
     python3 notebooks/run_all.py 00 02        # only the notebooks whose names start with these
@@ -74,10 +74,10 @@ def main(argv: list[str]) -> int:
         print(f"\nkernel summary skipped: it needs a CUDA GPU ({reason}).")
         print("Everything that runs without a GPU ran; on a GPU machine the same command runs the rest.")
         return 1 if failed else 0
-    print("\nkernel summary (python3 -m kernels.bench):")
+    print("\nkernel summary (python3 -m kernels.bench --suite llmc; the long-sequence grid: python3 -m kernels.bench):")
     from kernels.bench import attention as bench
 
-    rc = bench.main([])
+    rc = bench.main(["--suite", "llmc"])
     return 1 if failed or rc else 0
 
 
