@@ -16,9 +16,6 @@ def _needs_gpu(path) -> bool:
 def pytest_collection_modifyitems(config, items):
     from kernels import gpu_unavailable_reason
 
-    for item in items:  # under pytest-xdist with --dist loadgroup, a notebook's cells stay together on one worker
-        if str(item.fspath).endswith(".ipynb"):
-            item.add_marker(pytest.mark.xdist_group(name=item.fspath.basename))
     reason = gpu_unavailable_reason()
     if reason is None:
         return
