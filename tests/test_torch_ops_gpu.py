@@ -9,7 +9,7 @@
   on each of the four, a side-stream test, torch.compile(fullgraph=True) against eager, clear errors.
 - fake/meta implementations: no GPU needed (only torch).
 
-Skipped with the reason where torch or a GPU is missing (CPU CI has no torch).
+Skipped with the reason where torch or a GPU is missing.
 """
 
 import math

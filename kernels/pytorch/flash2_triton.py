@@ -11,7 +11,7 @@ Tq, Tk >= 1, with bottom-right causal masking; scale > 0 (it is folded into exp2
 
 CuPy in, CuPy out: the arrays reach Triton as torch tensors through DLPack (no copy), and the kernels run on
 CuPy's current stream. This module imports neither torch nor Triton until a kernel is launched, so that
-`import kernels` works where neither is installed (CPU CI).
+`import kernels` works where neither is installed.
 
 Configurations. A Triton program's shape is four numbers (Config): BLOCK_M query rows (forward, dQ) or
 BLOCK_M query rows per step (dK/dV), BLOCK_N keys, num_warps warps, num_stages pipelined loads. The tables

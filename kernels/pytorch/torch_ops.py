@@ -43,7 +43,7 @@ from ..core import DEFAULT_MIN_CC, INT32_MAX, Launch, check_compute_capability, 
 
 try:
     import torch
-except ImportError:  # pragma: no cover - CPU CI has no torch
+except ImportError:  # pragma: no cover - a machine without torch
     torch = None
 
 AVAILABLE = torch is not None
