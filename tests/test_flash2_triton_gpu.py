@@ -19,7 +19,7 @@ from kernels.pytorch import flash2_triton as F
 @pytest.fixture(scope="session")  # session, like `gpu`: so that it is set up (and skips) before `gpu`
 def tr():
     """(cupy, torch): skips, with the reason, where torch, Triton or a GPU is missing. torch is asked first, so that
-    machine without torch, Triton or a GPU says that it has no torch."""
+    a machine without torch, Triton or a GPU says that it has no torch."""
     torch = pytest.importorskip("torch", reason="flash2_triton needs torch (not installed; requirements.txt installs it)")
     pytest.importorskip("triton", reason="flash2_triton needs Triton (not installed; it comes with torch on Linux)")
     reason = kernels.gpu_unavailable_reason()
