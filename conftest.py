@@ -29,6 +29,20 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_addoption(parser):
     parser.addoption("--full-grid", action="store_true", default=False,
                      help="also run the cases marked full_grid: the exhaustive GPU grids (minutes more on a GPU)")
+    parser.addoption("--no-prebuild", action="store_true", default=False,
+                     help="on a GPU, do not compile the kernel builds of results/builds.json in parallel first")
+
+
+def pytest_sessionstart(session):
+    """On a GPU, compile the builds the tests and notebooks use (results/builds.json) on every CPU core first: one
+    process compiling them as the tests reach them spends most of its time in NVRTC (kernels/core/prebuild.py)."""
+    config = session.config
+    if config.getoption("--no-prebuild", default=True) or hasattr(config, "workerinput"):  # xdist workers: the
+        return                                                                                # controller did it
+    from kernels.core import gpu_unavailable_reason, prebuild
+
+    if gpu_unavailable_reason() is None and prebuild.DEFAULT_LIST.is_file():
+        prebuild.prebuild(prebuild.read_builds(prebuild.DEFAULT_LIST), log=lambda s: print("\n" + s))
 
 
 def pytest_configure(config):

@@ -5,12 +5,17 @@
 
 Executed copies go to results/notebooks/ (the committed notebooks are left as they are). On a machine
 without a CUDA GPU, the notebooks that need none run, and the rest are listed with the reason.
+
+On a GPU, the kernel builds the notebooks use (results/builds.json) are compiled first, in parallel on every CPU core
+(kernels/core/prebuild.py), and the run records the builds it used into that file again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +64,15 @@ def main(argv: list[str]) -> int:
         notebooks = [p for p in notebooks if any(p.name.startswith(a) for a in argv)]
     out_dir = ROOT / "results" / "notebooks"
     summary, failed = [], False
+    build_log = None
+    if reason is None:
+        from kernels.core import prebuild
+        from kernels.core.compile import BUILD_LOG_ENV
+
+        if prebuild.DEFAULT_LIST.is_file():
+            prebuild.prebuild(prebuild.read_builds(prebuild.DEFAULT_LIST))
+        build_log = Path(tempfile.mkstemp(prefix="course-builds-", suffix=".jsonl")[1])
+        os.environ[BUILD_LOG_ENV] = str(build_log)  # the notebooks' kernels inherit it
     for path in notebooks:
         if needs_gpu(path) and reason is not None:
             summary.append((path.stem, "skipped", f"needs a CUDA GPU: {reason}"))
@@ -78,7 +92,20 @@ def main(argv: list[str]) -> int:
     from kernels.bench import attention as bench
 
     rc = bench.main(["--suite", "llmc"])
+    keep_builds(build_log, replace=not argv and not failed)
     return 1 if failed or rc else 0
+
+
+def keep_builds(build_log: Path, replace: bool) -> None:
+    """results/builds.json := the builds this run used (replace), or those added to the ones it lists (a partial run)."""
+    from kernels.core import prebuild
+
+    used = prebuild.read_builds(build_log)
+    if not replace and prebuild.DEFAULT_LIST.is_file():
+        used += prebuild.read_builds(prebuild.DEFAULT_LIST)
+    prebuild.write_builds(prebuild.DEFAULT_LIST, used)
+    build_log.unlink()
+    print(f"kernel builds used: {len(used)} (results/builds.json, compiled in parallel at the start of the next run)")
 
 
 if __name__ == "__main__":

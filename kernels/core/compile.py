@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -134,10 +135,30 @@ def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: 
         if name_expressions:
             raise ValueError(f"{filename}: a build for arch={arch!r} loads extern \"C\" kernels only "
                              f"(no name_expressions)")
-        return cp.RawModule(path=os.fspath(_cached_cubin(filename, source, arch, options)))
-    module = cp.RawModule(code=source, options=options, name_expressions=name_expressions or None)
-    module.compile()
+        module = cp.RawModule(path=os.fspath(_cached_cubin(filename, source, arch, options)))
+    else:
+        module = cp.RawModule(code=source, options=options, name_expressions=name_expressions or None)
+        module.compile()
+    _log_build(filename, name_expressions, defines, arch)
     return module
+
+
+# Where $COURSE_BUILD_LOG names a file, every build this process compiles or loads is appended to it, one JSON line
+# each: notebooks/run_all.py keeps the list (results/builds.json) and compiles it in parallel before the next run
+# (kernels/core/prebuild.py).
+BUILD_LOG_ENV = "COURSE_BUILD_LOG"
+
+
+def build_record(filename: str, name_expressions=(), defines=(), arch: str | None = None) -> dict:
+    """One build as load_module's arguments, in the form the build log and results/builds.json hold."""
+    return {"file": filename, "names": list(name_expressions), "defines": list(defines), "arch": arch}
+
+
+def _log_build(filename, name_expressions, defines, arch) -> None:
+    path = os.environ.get(BUILD_LOG_ENV)
+    if path:
+        with open(path, "a") as f:  # one short line per write: lines from several processes do not interleave
+            f.write(json.dumps(build_record(filename, name_expressions, defines, arch)) + "\n")
 
 
 class CompileError(RuntimeError):

@@ -1,0 +1,101 @@
+"""Compile a list of kernel builds in parallel processes, so that a long run finds them in the compile cache.
+
+    python3 -m kernels.core.prebuild                       # the builds the notebooks use (results/builds.json)
+    python3 -m kernels.core.prebuild my-builds.json -j 4   # another list, on 4 processes
+
+A kernel build (one kernel file, its template instantiations and -D defines, compiled by NVRTC) takes one to a few
+seconds of one CPU core, and the notebooks use about a hundred of them. Compiled one after the other as the cells
+reach them, they are most of a first run's time; compiled here first, on every core, they take a fraction of it,
+and the notebooks then load them from CuPy's disk cache ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache).
+
+The list is what load_module records where $COURSE_BUILD_LOG names a file (kernels/core/compile.py):
+notebooks/run_all.py records every run and keeps the list in results/builds.json. A build that does not compile for
+this GPU (an sm_90a build on an older one, a kernel that needs a newer compute capability) is counted and skipped: the
+notebook that needs it says why when it gets there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_LIST = ROOT / "results" / "builds.json"
+
+
+def read_builds(path: Path) -> list[dict]:
+    """The distinct builds of a list file: a JSON array of build records, or JSON lines (the raw build log)."""
+    text = Path(path).read_text()
+    records = json.loads(text) if text.lstrip().startswith("[") else [json.loads(s) for s in text.splitlines() if s]
+    unique = {json.dumps(r, sort_keys=True): r for r in records}
+    return [unique[k] for k in sorted(unique)]
+
+
+def write_builds(path: Path, records: list[dict]) -> None:
+    """Save records as a sorted JSON array without repeats (the form results/builds.json is committed in)."""
+    unique = {json.dumps(r, sort_keys=True): r for r in records}
+    rows = ",\n".join(" " + json.dumps(unique[k]) for k in sorted(unique))
+    Path(path).write_text("[\n" + rows + "\n]\n")
+
+
+def _build_one(record: dict) -> tuple[str, str | None]:
+    """(file, None) once the build is compiled and in the cache, or (file, the reason it could not be)."""
+    from kernels.core.compile import load_module
+
+    try:
+        load_module(record["file"], tuple(record["names"]), tuple(record["defines"]), record["arch"])
+        return record["file"], None
+    except Exception as e:  # a build for another GPU, a file renamed since the list was made, ...
+        return record["file"], f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+
+
+def prebuild(records: list[dict], jobs: int | None = None, log=print) -> dict:
+    """Compile `records` on `jobs` processes (default: every CPU core); {"built", "skipped", "seconds"}."""
+    from kernels.core.device import gpu_unavailable_reason
+
+    from kernels.core.device import device_compute_capability
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"prebuild needs a CUDA GPU (CuPy compiles for the GPU it runs on): {reason}")
+    cc = "%d%d" % device_compute_capability()
+    foreign = [r for r in records if r["arch"] is not None and not r["arch"].startswith(f"sm_{cc}")]
+    records = [r for r in records if r not in foreign]  # a CUBIN for another GPU could not be loaded here
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(records) or 1))
+    t0 = time.perf_counter()
+    skipped = []
+    # spawn, not fork: each process starts its own CUDA context
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for name, why in pool.imap_unordered(_build_one, records):
+            if why is not None:
+                skipped.append((name, why))
+    seconds = time.perf_counter() - t0
+    log(f"prebuild: {len(records) - len(skipped)} kernel builds compiled or found in the cache, on {jobs} processes, "
+        f"in {seconds:.0f} s" + (f"; {len(skipped) + len(foreign)} skipped (not for this GPU)"
+                                   if skipped or foreign else ""))
+    for name, why in skipped[:5]:
+        log(f"  skipped {name}: {why}")
+    return {"built": len(records) - len(skipped), "skipped": len(skipped) + len(foreign), "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m kernels.core.prebuild", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("builds", nargs="?", type=Path, default=DEFAULT_LIST,
+                   help="the list of builds (default: results/builds.json, the builds the notebooks use)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="processes (default: one per CPU core)")
+    args = p.parse_args(argv)
+    if not args.builds.is_file():
+        print(f"no list of builds at {args.builds}", file=sys.stderr)
+        return 2
+    prebuild(read_builds(args.builds), args.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

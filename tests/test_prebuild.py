@@ -1,0 +1,52 @@
+"""The list of kernel builds that run_all and the test session compile in parallel first (kernels/core/prebuild.py):
+how it is recorded, read and written, and that the committed list names kernel files that exist."""
+
+import json
+
+import pytest
+
+from kernels.core import compile as C
+from kernels.core import prebuild as P
+
+
+def test_load_module_records_each_build_where_asked(tmp_path, monkeypatch):
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv(C.BUILD_LOG_ENV, str(log))
+    C._log_build("flash2_mma.cu", ("k<64>",), ("-DX=1",), None)
+    C._log_build("hopper_attn.cu", (), (), "sm_90a")
+    lines = [json.loads(s) for s in log.read_text().splitlines()]
+    assert lines == [C.build_record("flash2_mma.cu", ("k<64>",), ("-DX=1",)),
+                     {"file": "hopper_attn.cu", "names": [], "defines": [], "arch": "sm_90a"}]
+    monkeypatch.delenv(C.BUILD_LOG_ENV)
+    C._log_build("naive.cu", (), (), None)  # no variable: nothing written
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_lists_round_trip_without_repeats(tmp_path):
+    a, b = C.build_record("softmax.cu"), C.build_record("flash2.cu", ("f<1>",), ("-DB=2",))
+    raw = tmp_path / "log.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in (a, b, a)))
+    records = P.read_builds(raw)
+    assert sorted(map(json.dumps, records)) == sorted(map(json.dumps, (a, b)))
+    out = tmp_path / "builds.json"
+    P.write_builds(out, records + [b])
+    assert json.loads(out.read_text()) == P.read_builds(out) and len(P.read_builds(out)) == 2
+
+
+def test_committed_list_names_existing_files():
+    if not P.DEFAULT_LIST.is_file():
+        pytest.skip("no results/builds.json yet (notebooks/run_all.py writes it on a GPU)")
+    records = P.read_builds(P.DEFAULT_LIST)
+    assert records, "results/builds.json is empty"
+    for r in records:
+        C.kernel_path(r["file"])  # raises for a file that was renamed or removed
+        assert all(d.startswith("-D") for d in r["defines"]), r  # no machine paths in the committed list
+        assert r["arch"] in (None, "sm_90a"), r
+
+
+def test_prebuild_needs_a_gpu_and_says_so(monkeypatch):
+    import kernels.core.device as D
+
+    monkeypatch.setattr(D, "gpu_unavailable_reason", lambda: "no GPU here")
+    with pytest.raises(SystemExit, match=r"prebuild needs a CUDA GPU .*: no GPU here"):
+        P.prebuild([C.build_record("naive.cu")])
