@@ -1,30 +1,18 @@
-"""nbval on notebooks/: notebooks whose metadata says course.needs_gpu are skipped, with the reason,
-where no CUDA GPU is found; notebook 00 (NumPy only) runs everywhere."""
-
-import json
+"""nbval on notebooks/: a notebook is skipped, with the reason, where it cannot run: no CUDA GPU for one whose
+metadata says course.needs_gpu, or a GPU below its course.min_cc (run_all.skip_reason). Notebook 00 (NumPy only)
+runs everywhere."""
 
 import pytest
 
-
-def _needs_gpu(path) -> bool:
-    try:
-        return bool(json.loads(open(path).read())["metadata"].get("course", {}).get("needs_gpu", True))
-    except (OSError, ValueError, KeyError):
-        return True
+from run_all import skip_reason
 
 
 def pytest_collection_modifyitems(config, items):
-    from kernels import gpu_unavailable_reason
-
-    reason = gpu_unavailable_reason()
-    if reason is None:
-        return
-    marker = pytest.mark.skip(reason=f"notebook needs a CUDA GPU: {reason}")
-    cache = {}
+    reasons = {}
     for item in items:
         path = str(item.fspath)
         if path.endswith(".ipynb"):
-            if path not in cache:
-                cache[path] = _needs_gpu(path)
-            if cache[path]:
-                item.add_marker(marker)
+            if path not in reasons:
+                reasons[path] = skip_reason(path)
+            if reasons[path] is not None:
+                item.add_marker(pytest.mark.skip(reason=reasons[path]))

@@ -23,8 +23,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def needs_gpu(path: Path) -> bool:
-    return bool(json.loads(path.read_text())["metadata"].get("course", {}).get("needs_gpu", True))
+def skip_reason(path: Path) -> str | None:
+    """Why notebook `path` cannot run here (no GPU, or a GPU below its metadata's course.min_cc), or None."""
+    try:
+        course = json.loads(Path(path).read_text())["metadata"].get("course", {})
+    except (OSError, ValueError, KeyError):
+        course = {}
+    if not course.get("needs_gpu", True):
+        return None
+    from kernels import device_compute_capability, gpu_name, gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        return f"notebook needs a CUDA GPU: {reason}"
+    need, have = tuple(course.get("min_cc", (7, 5))), device_compute_capability()
+    if have < need:
+        return (f"notebook needs a GPU of compute capability {need[0]}.{need[1]} or newer; this GPU ({gpu_name()}) "
+                f"has {have[0]}.{have[1]}")
+    return None
 
 
 def execute(path: Path, out_dir: Path) -> tuple[bool, str]:
@@ -74,8 +90,9 @@ def main(argv: list[str]) -> int:
         build_log = Path(tempfile.mkstemp(prefix="course-builds-", suffix=".jsonl")[1])
         os.environ[BUILD_LOG_ENV] = str(build_log)  # the notebooks' kernels inherit it
     for path in notebooks:
-        if needs_gpu(path) and reason is not None:
-            summary.append((path.stem, "skipped", f"needs a CUDA GPU: {reason}"))
+        why = skip_reason(path)
+        if why is not None:
+            summary.append((path.stem, "skipped", why))
             continue
         print(f"[{len(summary) + 1}/{len(notebooks)}] executing {path.name}")
         ok, msg = execute(path, out_dir)
