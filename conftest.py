@@ -5,6 +5,7 @@ print one line per test location. pyproject.toml asks pytest for failures and er
 skips grouped.
 """
 
+import os
 from collections import Counter
 
 
@@ -30,23 +31,62 @@ def pytest_addoption(parser):
     parser.addoption("--full-grid", action="store_true", default=False,
                      help="also run the cases marked full_grid: the exhaustive GPU grids (minutes more on a GPU)")
     parser.addoption("--no-prebuild", action="store_true", default=False,
-                     help="on a GPU, do not compile the kernel builds of results/builds.json in parallel first")
+                     help="on a GPU, do not compile the kernel builds the tests and notebooks use in parallel first")
+    parser.addoption("--record-builds", action="store_true", default=False,
+                     help="write the kernel builds this session compiles to results/test-builds.json")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiling first, in parallel: one process compiling each kernel build as the tests reach it spends most of its time
+# in NVRTC. On a GPU the session starts by compiling the builds the notebooks (results/builds.json) and the tests
+# (results/test-builds.json) use, on every CPU core (kernels/core/prebuild.py); later compiles hit the cache.
+# ---------------------------------------------------------------------------------------------------------
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker: its controller prebuilds and records
+
+
+def _build_lists():
+    from kernels.core import prebuild
+
+    return prebuild.DEFAULT_LIST, prebuild.DEFAULT_LIST.with_name("test-builds.json")
 
 
 def pytest_sessionstart(session):
-    """On a GPU, compile the builds the tests and notebooks use (results/builds.json) on every CPU core first: one
-    process compiling them as the tests reach them spends most of its time in NVRTC (kernels/core/prebuild.py)."""
     config = session.config
-    if config.getoption("--no-prebuild", default=True) or hasattr(config, "workerinput"):  # xdist workers: the
-        return                                                                                # controller did it
+    if config.getoption("--no-prebuild", default=True) or _is_worker(config):
+        return
     from kernels.core import gpu_unavailable_reason, prebuild
 
-    if gpu_unavailable_reason() is None and prebuild.DEFAULT_LIST.is_file():
-        prebuild.prebuild(prebuild.read_builds(prebuild.DEFAULT_LIST), log=lambda s: print("\n" + s))
+    lists = [p for p in _build_lists() if p.is_file()]
+    if gpu_unavailable_reason() is None and lists:
+        prebuild.prebuild([r for p in lists for r in prebuild.read_builds(p)], log=lambda s: print("\n" + s))
+
+
+def _start_recording(config) -> None:
+    import tempfile
+
+    from kernels.core.compile import BUILD_LOG_ENV
+
+    config._build_log = tempfile.mkstemp(prefix="course-test-builds-", suffix=".jsonl")[1]
+    os.environ[BUILD_LOG_ENV] = config._build_log  # set before xdist starts its workers, which inherit it
+
+
+def pytest_sessionfinish(session):
+    log = getattr(session.config, "_build_log", None)
+    if log is not None:
+        from kernels.core import prebuild
+
+        records = prebuild.read_builds(log)
+        if records:  # nothing compiled (no GPU): keep the list as it is
+            prebuild.write_builds(_build_lists()[1], records)
+        os.unlink(log)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "full_grid: a case of the exhaustive grid, run only with --full-grid")
+    if config.getoption("--record-builds", default=False) and not _is_worker(config):
+        _start_recording(config)
 
 
 def pytest_collection_modifyitems(config, items):
