@@ -118,3 +118,18 @@ def test_selfcheck_command_prints_its_check():
     assert res.stdout.rstrip().endswith("all ok"), res.stdout
 
 
+def test_benchmark_help_starts_nothing():
+    res = subprocess.run([sys.executable, "-m", "kernels.bench.context_parallel", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python3 -m kernels.bench.context_parallel "), res.stdout[:200]
+
+
+def test_benchmark_without_a_gpu_says_why():
+    import kernels
+
+    if kernels.gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is here: the benchmark would run")
+    res = subprocess.run([sys.executable, "-m", "kernels.bench.context_parallel"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "needs" in res.stderr, res.stderr
