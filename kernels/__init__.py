@@ -13,6 +13,7 @@
     sampling/   chapter 10: from logits to tokens
     pytorch/    chapters 11-12: FlashAttention-2 in Triton, the PyTorch custom operators
     hopper/     chapter 13: TMA, mbarriers and wgmma on sm_90a
+    parallel/   chapter 14: attention across GPUs (ring, zigzag, all-to-all) over torch.distributed
     bench/      the command-line benchmarks (python3 -m kernels.bench[.decode|.varlen|...]) and the profiler
 
 Importing this package needs no GPU and no CuPy; launching a kernel does. Importing it imports every chapter
@@ -26,7 +27,7 @@ from .core import (DECODE_REGISTRY, REGISTRY, STAGING, TOLERANCES, CheckResult, 
                    register, register_decode, sustained, tested_variants)
 
 # Every chapter folder: importing one imports its launchers, which register their variants.
-from . import basics, flash, cublas, inference, sampling, pytorch, hopper  # noqa: E402,F401
+from . import basics, flash, cublas, inference, sampling, pytorch, hopper, parallel  # noqa: E402,F401
 
 __all__ = [
     "REGISTRY", "STAGING", "tested_variants", "Variant", "register",

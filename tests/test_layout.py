@@ -2,7 +2,7 @@
 borrowed across chapter folders.
 
     kernels/core/       what every launcher shares; imports no chapter folder and no entry point
-    kernels/<chapter>/  a family of chapters (basics, flash, cublas, inference, sampling, pytorch, hopper)
+    kernels/<chapter>/  a family of chapters (basics, flash, cublas, inference, sampling, pytorch, hopper, parallel)
     kernels/bench/      the entry points; nothing imports them but their own package
 """
 
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"
 MAX_FILES = 12
-CHAPTERS = ("basics", "flash", "cublas", "inference", "sampling", "pytorch", "hopper")
+CHAPTERS = ("basics", "flash", "cublas", "inference", "sampling", "pytorch", "hopper", "parallel")
 
 
 def _folders():
