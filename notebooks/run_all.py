@@ -12,6 +12,7 @@ On a GPU, the kernel builds the notebooks use (results/builds.json) are compiled
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -24,11 +25,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def skip_reason(path: Path) -> str | None:
-    """Why notebook `path` cannot run here (no GPU, or a GPU below its metadata's course.min_cc), or None."""
+    """Why notebook `path` cannot run here, or None: its metadata's course.needs_torch without PyTorch installed,
+    course.needs_gpu without a GPU, or a GPU below course.min_cc."""
     try:
         course = json.loads(Path(path).read_text())["metadata"].get("course", {})
     except (OSError, ValueError, KeyError):
         course = {}
+    if course.get("needs_torch") and importlib.util.find_spec("torch") is None:
+        return ("notebook needs PyTorch (a CPU build is enough: "
+                "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
     if not course.get("needs_gpu", True):
         return None
     from kernels import device_compute_capability, gpu_name, gpu_unavailable_reason

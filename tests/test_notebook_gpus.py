@@ -24,8 +24,8 @@ def course(path):
 def test_first_cell_states_the_capability_the_metadata_holds(path):
     meta = course(path)
     first = "".join(json.loads(path.read_text())["cells"][0]["source"])
-    if not meta.get("needs_gpu", True):
-        assert "No GPU" in first
+    if not meta.get("needs_gpu", True):  # 00 runs anywhere; 14's CPU part too, its GPU cells skip below 2 GPUs
+        assert "No GPU" in first or "GPU sections need" in first
         return
     major, minor = meta["min_cc"]
     assert f"compute capability {major}.{minor}" in first, f"{path.name}: first cell must state {major}.{minor}"
@@ -39,9 +39,15 @@ def test_chapters_one_to_five_run_on_a_t4():
 
 
 ALL = {p.stem[:2] for p in NOTEBOOKS}
+CPU = {p.stem[:2] for p in NOTEBOOKS if not course(p).get("needs_gpu", True)}
 
 
-@pytest.mark.parametrize("cc, runs", [((7, 5), {"00", "01", "02", "03", "04", "05"}), ((8, 6), ALL - {"13"}),
+@pytest.fixture(autouse=True)
+def torch_found(monkeypatch):
+    monkeypatch.setattr(run_all.importlib.util, "find_spec", lambda name: object())
+
+
+@pytest.mark.parametrize("cc, runs", [((7, 5), CPU | {"01", "02", "03", "04", "05"}), ((8, 6), ALL - {"13"}),
                                       ((9, 0), ALL)])
 def test_skip_reason_follows_the_gpu(monkeypatch, cc, runs):
     monkeypatch.setattr(kernels, "gpu_unavailable_reason", lambda: None)
@@ -60,5 +66,12 @@ def test_skip_reason_follows_the_gpu(monkeypatch, cc, runs):
 def test_skip_reason_without_a_gpu(monkeypatch):
     monkeypatch.setattr(kernels, "gpu_unavailable_reason", lambda: "no driver here")
     reasons = {p.stem[:2]: run_all.skip_reason(p) for p in NOTEBOOKS}
-    assert reasons.pop("00") is None
+    assert CPU >= {"00"} and all(reasons.pop(n) is None for n in CPU)
     assert all(r == "notebook needs a CUDA GPU: no driver here" for r in reasons.values())
+
+
+def test_a_notebook_that_needs_torch_says_so_without_it(monkeypatch):
+    monkeypatch.setattr(run_all.importlib.util, "find_spec", lambda name: None)
+    for path in NOTEBOOKS:
+        if course(path).get("needs_torch"):
+            assert "needs PyTorch" in run_all.skip_reason(path)
