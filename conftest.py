@@ -23,8 +23,9 @@ def pytest_terminal_summary(terminalreporter):
 
 # ---------------------------------------------------------------------------------------------------------
 # The GPU test grids: the default covers every kernel x dtype x boundary class (ragged lengths, Tq != Tk, rows that
-# see no key, large magnitudes, every error path) in minutes; `--full-grid` adds the exhaustive sweeps (every
-# sequence length and head size of each grid), which the GPU CI workflow runs on a schedule.
+# see no key, large magnitudes, every head size, every schedule and build a launcher ships, every error path) in
+# minutes; `--full-grid` adds the exhaustive sweeps (the rest of each grid's product), which the GPU CI workflow runs
+# on a schedule. tests/test_grid_coverage.py checks that the default keeps those classes.
 # ---------------------------------------------------------------------------------------------------------
 
 def pytest_addoption(parser):

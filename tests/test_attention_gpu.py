@@ -3,7 +3,7 @@
 The grid covers sequence lengths that are and are not multiples of any tile, every head size the
 variant accepts from {16, 32, 64, 128}, causal and not, more and fewer queries than keys (rows that see no key
 under the causal mask), B and H > 1, and large-magnitude inputs that overflow a softmax without max-subtraction.
-By default three lengths per head size; `pytest --full-grid` runs every length of T_VALUES. Outputs are poisoned (NaN)
+By default a covering part of that grid (see _cases); `pytest --full-grid` runs all of it. Outputs are poisoned (NaN)
 before each launch, so an element a kernel does not write fails.
 """
 
@@ -36,9 +36,20 @@ def _skip_older_gpu(v):
         pytest.skip(f"{v.name} needs compute capability >= {v.min_cc[0]}.{v.min_cc[1]}; this GPU has {cc[0]}.{cc[1]}")
 
 
-# The default grid: one row (T=1), a length no tile divides (33) and several tiles with a ragged end (257), at every
-# head size; --full-grid adds the other lengths.
-T_DEFAULT = (1, 33, 257)
+# The default grid, for every variant and dtype (the head size's builds are compiled whatever the length, so the
+# default keeps every head size and drops lengths):
+#   - T = 257 (several tiles and a ragged end) at every head size the variant takes, causal and not;
+#   - T = 33 (no tile divides it; causal and not) and T = 1 (causal) at d = 64 or the nearest d the variant takes
+#     (T = 33 at d = 64 is also the compute-sanitizer slice of .github/workflows/ci.yml);
+#   - the Tq != Tk cases of PAIRS_DEFAULT: one query row, more keys than queries and more queries than keys (rows
+#     that see no key under the causal mask), causal and not, and std-10 inputs with and without the mask.
+# --full-grid adds every other length of T_VALUES and every (Tq, Tk) x causal x magnitude.
+# tests/test_grid_coverage.py checks that the default keeps these classes.
+T_DEFAULT = 257
+T_DEFAULT_AT_D64 = {(33, False), (33, True), (1, True)}  # (T, causal) at d = 64 (or the nearest d the variant takes)
+PAIRS = [(1, 257), (7, 100), (100, 7), (33, 1024)]
+PAIRS_DEFAULT = {((1, 257), False, 10.0), ((7, 100), True, 1.0), ((7, 100), False, 10.0), ((100, 7), True, 10.0),
+                 ((100, 7), False, 1.0), ((33, 1024), True, 1.0), ((33, 1024), False, 10.0)}
 
 
 def _cases():
@@ -46,17 +57,18 @@ def _cases():
         v = VARIANTS_BY_NAME[name]
         if not v.accepts_d(d):
             continue
-        marks = () if T in T_DEFAULT else (pytest.mark.full_grid,)
+        default = T == T_DEFAULT or (d == _head_dim(v, 64) and (T, causal) in T_DEFAULT_AT_D64)
         for dtype in v.dtypes:
-            yield pytest.param(name, dtype, T, T, d, causal, 1.0, marks=marks,
+            yield pytest.param(name, dtype, T, T, d, causal, 1.0, marks=() if default else (pytest.mark.full_grid,),
                                id=f"{name}-{dtype}-T{T}-d{d}-{'causal' if causal else 'full'}")
     # ragged query/key lengths, decoding and large magnitudes
     for name in VARIANTS:
         v = VARIANTS_BY_NAME[name]
         d = _head_dim(v, min(64, v.max_d))
-        for (Tq, Tk), causal, mag in itertools.product([(1, 257), (7, 100), (100, 7), (33, 1024)], [False, True], [1.0, 10.0]):
+        for (Tq, Tk), causal, mag in itertools.product(PAIRS, [False, True], [1.0, 10.0]):
+            default = ((Tq, Tk), causal, mag) in PAIRS_DEFAULT
             for dtype in v.dtypes:
-                yield pytest.param(name, dtype, Tq, Tk, d, causal, mag,
+                yield pytest.param(name, dtype, Tq, Tk, d, causal, mag, marks=() if default else (pytest.mark.full_grid,),
                                    id=f"{name}-{dtype}-Tq{Tq}-Tk{Tk}-d{d}-{'causal' if causal else 'full'}-x{mag:g}")
 
 
@@ -131,9 +143,22 @@ def test_flash2_mma_both_grid_orders(gpu, poison, head_major, causal, Tq, Tk, d)
         assert res.ok, f"{name}, head_major={head_major}: {res.detail()}"
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (100, 7, 64), (257, 33, 32), (1, 257, 96)])
+# Each case forces the row-by-row loop, a build of its own per (head-size build, dtype). By default every head-size
+# build (D = 32, 64, 96, 128) meets each loop under the causal mask, in one dtype or the other (both at D = 64: a full
+# square and Tq > Tk), and once without the mask; --full-grid: every shape x causal x dtype.
+TWO_LOOPS_DEFAULT = {(300, 300, 64, True, "float16"), (100, 7, 64, True, "bfloat16"), (129, 1000, 128, True, "bfloat16"),
+                     (129, 1000, 128, False, "bfloat16"), (257, 33, 32, True, "float16"), (1, 257, 96, True, "bfloat16")}
+
+
+def _two_loops_cases():
+    for (Tq, Tk, d), causal, dtype in itertools.product([(300, 300, 64), (129, 1000, 128), (100, 7, 64), (257, 33, 32),
+                                                         (1, 257, 96)], [True, False], ["float16", "bfloat16"]):
+        default = (Tq, Tk, d, causal, dtype) in TWO_LOOPS_DEFAULT
+        yield pytest.param(dtype, causal, Tq, Tk, d, id=f"{Tq}-{Tk}-{d}-{causal}-{dtype}",
+                           marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("dtype,causal,Tq,Tk,d", list(_two_loops_cases()))
 def test_flash2_mma_two_loops_agree_bit_for_bit(gpu, poison, dtype, causal, Tq, Tk, d):
     """flash2_mma's ILP loop (unmasked tiles first, the rows' softmax side by side) and its row-by-row loop on the
     same tile: both within the tolerance of float64, and the same o and lse to the bit (the kernel's header says

@@ -1,5 +1,6 @@
-"""Every kernel file (kernels/<chapter folder>/*.cu) compiles on its own, without a GPU, for each architecture the
-course supports.
+"""Every kernel file (kernels/<chapter folder>/*.cu) compiles on its own, without a GPU, for the architectures the
+course supports: NVRTC for sm_90, the header's own build, and sm_80 where that build is not sm_80 already
+(--full-grid: sm_80, sm_86, sm_89 and sm_90 for every file).
 
 NVRTC (the compiler CuPy uses at run time) comes from the `cuda-bindings` and `nvidia-cuda-nvrtc`
 wheels, and the CUDA headers (cuda_fp16.h, ...) from `nvidia-cuda-runtime`; so this runs on a CPU-only
@@ -7,10 +8,10 @@ machine. A launcher module may list the builds it uses as NVRTC_BUILDS = [(name_
 launcher of several files, {file name: [...]}); each is compiled, so template instantiations and -D variants are
 checked too. A kernel file includes nothing but the PTX headers of kernels/ptx/ (and CUDA's own headers).
 
-Where nvcc is on the PATH, each file is also built alone with `nvcc -c` (no defines: the #ifndef defaults),
-and the object must hold every kernel the file declares: each extern "C" kernel by name, and each kernel
-template at least once, through the explicit instantiations a templated file carries for nvcc. Its register
-and spill report is printed. A test also ties each -D constant a launcher passes to the #ifndef default in
+Where nvcc is on the PATH, each file is built alone with its header's nvcc line, and under --full-grid also with
+`nvcc -c` for sm_80 and sm_90 (no defines: the #ifndef defaults); the object must hold every kernel the file
+declares: each extern "C" kernel by name, and each kernel template at least once, through the explicit
+instantiations a templated file carries for nvcc. Its register and spill report is printed. A test also ties each -D constant a launcher passes to the #ifndef default in
 its .cu file, so that changing one side alone fails.
 """
 
@@ -25,10 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CU_FILES = sorted(p for p in (ROOT / "kernels").rglob("*.cu") if p.parent.name != "examples")
-# NVRTC builds every file for the first and the last architecture the course runs on; --full-grid adds the two
-# between them (they have compiled whenever the outer two did).
-ARCHS = ["sm_80", pytest.param("sm_86", marks=pytest.mark.full_grid), pytest.param("sm_89", marks=pytest.mark.full_grid),
-         "sm_90"]
+ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
 
 def launcher_of(cu: Path):
@@ -92,21 +90,6 @@ def test_there_are_kernels():
     assert CU_FILES, "no .cu files found in kernels/"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
-def test_nvrtc_compiles_standalone(cu, arch):
-    from kernels.core import NVRTC_OPTIONS
-
-    source = cu.read_text()
-    for header in re.findall(r'#include\s+"([^"]+)"', source):
-        assert header.startswith("ptx/") and (ROOT / "kernels" / header).is_file(), \
-            f"{cu.name} includes {header!r}; a kernel file includes only the PTX headers of kernels/ptx/"
-    for name_expressions, defines in _builds(cu):
-        ok, log = nvrtc_compile(source, cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), name_expressions)
-        assert ok, f"{cu.name} ({arch}, {defines}, {name_expressions}) failed to compile:\n{log}"
-        assert "warning" not in log.lower(), f"{cu.name} ({arch}) compiles with warnings:\n{log}"
-
-
 def declared_kernels(source: str) -> tuple[list[str], list[str]]:
     """(extern "C" kernel names, kernel template names) declared in a .cu source."""
     extern_c = re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(', source)
@@ -123,9 +106,11 @@ def test_declared_kernels_parser():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-# sm_80 is what almost every header's own nvcc line builds (test_header_nvcc_line_builds_every_kernel below); --full-grid
-# builds it here too.
-@pytest.mark.parametrize("arch", [pytest.param("sm_80", marks=pytest.mark.full_grid), "sm_90"])
+# Under --full-grid only: what this checks (nvcc -c alone holds every kernel) is what each header's own nvcc line checks
+# by default (test_header_nvcc_line_builds_every_kernel below, sm_80, and sm_90a for the Hopper files), and the sm_90
+# code is compiled by NVRTC (test_nvrtc_compiles_standalone, at the end of this file).
+@pytest.mark.full_grid
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_nvcc_compiles_standalone(cu, arch, tmp_path, capsys):
     obj = tmp_path / "k.o"
@@ -302,3 +287,36 @@ def test_header_nvrtc_build_holds_every_kernel(cu):
     for name in templates:
         assert any(f"{len(name)}{name}I".encode() in low for low in lowered), \
             f"{cu.name}: the header's NVRTC name expressions instantiate no {name}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NVRTC builds of every launcher build (NVRTC_BUILDS), per architecture
+# ---------------------------------------------------------------------------------------------------------
+
+def _nvrtc_cases():
+    """(cu, arch) for every file and architecture. By default: sm_90 for every file (what the GPU tests' H100 runs,
+    and the CPU CI's only check of the sm_90 builds), and sm_80 where the header's own NVRTC build (run above by
+    test_header_nvrtc_build_holds_every_kernel) is not already an sm_80 build of the file. --full-grid adds sm_86 and
+    sm_89 (they have compiled whenever the outer two did) and sm_80 of every file. Where the header's build is sm_80
+    it compiles each kernel template at sm_80, so the code behind an arch guard (#if __CUDA_ARCH__ ...) is built for
+    sm_80 there; the launcher's other instantiations differ from those only in their template arguments, which the
+    sm_90 build here compiles."""
+    for cu in CU_FILES:
+        header_arch = next((o.split("=", 1)[1] for o in header_build(cu)[1] if o.startswith("--gpu-architecture=")), None)
+        for arch in ARCHS:
+            default = arch == "sm_90" or (arch == "sm_80" and header_arch != "sm_80")
+            yield pytest.param(cu, arch, id=f"{cu.name}-{arch}", marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("cu,arch", list(_nvrtc_cases()))
+def test_nvrtc_compiles_standalone(cu, arch):
+    from kernels.core import NVRTC_OPTIONS
+
+    source = cu.read_text()
+    for header in re.findall(r'#include\s+"([^"]+)"', source):
+        assert header.startswith("ptx/") and (ROOT / "kernels" / header).is_file(), \
+            f"{cu.name} includes {header!r}; a kernel file includes only the PTX headers of kernels/ptx/"
+    for name_expressions, defines in _builds(cu):
+        ok, log = nvrtc_compile(source, cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), name_expressions)
+        assert ok, f"{cu.name} ({arch}, {defines}, {name_expressions}) failed to compile:\n{log}"
+        assert "warning" not in log.lower(), f"{cu.name} ({arch}) compiles with warnings:\n{log}"

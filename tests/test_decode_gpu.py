@@ -5,7 +5,8 @@ The grid is not a full product (that would take minutes): five base shapes (B in
 1, 15, 16, 17, 255, 4097 and lengths at and one below Tmax; Hq / Hkv in {1, 4, 8}; Tq in {1, 2, 4}) are crossed with
 every dtype and head size a kernel takes, and the page size (contiguous, 16, 32, 64, 128, 256) and the number of splits
 (the heuristic's choice, 1, 2, 7) rotate through the cases, so each value meets several shapes. Outputs are poisoned
-(NaN) before each launch, so an element a kernel does not write fails the check.
+(NaN) before each launch, so an element a kernel does not write fails the check. By default a covering part of these
+grids (see _cases, _split_count_cases, MERGE_DEFAULT); `pytest --full-grid` runs all of them.
 """
 
 import itertools
@@ -61,16 +62,25 @@ def make_problem(cp, B, Hq, Hkv, Tq, d, lengths, Tmax, dtype, *, page_size=None,
     return dev, host
 
 
+SMALL_BASES = (1, 2)  # default for every (dtype, d); the larger bases 0, 3, 4 rotate over the (dtype, d) combinations
+
+
 def _cases():
+    """By default every (dtype, d) of a kernel on the two small bases and on one of the three large ones (in turn, so
+    each kernel meets every base; the page sizes, split counts and FT layouts that rotate with n all appear too:
+    tests/test_grid_coverage.py checks it); --full-grid: every (dtype, d) on every base."""
     for name in VARIANTS:
         var = kernels.DECODE_REGISTRY[name]
         combos = list(itertools.product(var.dtypes, var.head_dims))
+        large = [bi for bi in range(len(BASES)) if bi not in SMALL_BASES]
         for n, ((dtype, d), (bi, base)) in enumerate(itertools.product(combos, enumerate(BASES))):
             page = PAGE_CYCLE[n % len(PAGE_CYCLE)] if var.paged else None
             splits = SPLIT_CYCLE[n % len(SPLIT_CYCLE)] if var.splits else None
             ft_layout = name == "decode_ft" and n % 2 == 1
+            default = bi in SMALL_BASES or bi == large[(n // len(BASES)) % len(large)]
             yield pytest.param(name, dtype, d, bi, page, splits, ft_layout,
-                               id=f"{name}-{dtype}-d{d}-base{bi}-page{page}-splits{splits}{'-ftlayout' if ft_layout else ''}")
+                               id=f"{name}-{dtype}-d{d}-base{bi}-page{page}-splits{splits}{'-ftlayout' if ft_layout else ''}",
+                               marks=() if default else (pytest.mark.full_grid,))
 
 
 def _run(var, dev, *, num_splits=None, ft_layout=False, **kw):
@@ -123,9 +133,16 @@ def test_without_lse(gpu, poison, name):
 SPLIT_KERNELS = ["decode_split", "decode_split_mma"]  # the CUDA-core and the tensor-core kernel of decode_split.cu
 
 
-@pytest.mark.parametrize("name", SPLIT_KERNELS)
-@pytest.mark.parametrize("splits", [1, 2, 7, 33, None, 256])
-@pytest.mark.parametrize("page", [None, 64])
+def _split_count_cases():
+    """By default each kernel at every split count, paged and contiguous in turn; --full-grid: both at every count."""
+    for k, name in enumerate(SPLIT_KERNELS):
+        for i, splits in enumerate([1, 2, 7, 33, None, 256]):
+            for j, page in enumerate([None, 64]):
+                yield pytest.param(splits, page, name, id=f"{page}-{splits}-{name}",
+                                   marks=() if (i + k) % 2 == j else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("splits,page,name", list(_split_count_cases()))
 def test_split_counts_agree(gpu, poison, splits, page, name):
     """Both split kernels at every split count (256: the most, where the tensor-core kernel's own merge fills its
     scratch), paged or not, bf16, d = 128, a GQA group of 4 with Tq = 2."""
@@ -135,9 +152,20 @@ def test_split_counts_agree(gpu, poison, splits, page, name):
     _check(o, lse, host, "bfloat16", var)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("G,Tq", [(1, 1), (4, 1), (5, 1), (2, 4)])
-@pytest.mark.parametrize("splits", [2, 16, 17])
+# By default both limits of the one-round merge from both sides, at both head sizes: the thread limit reached
+# (d = 128, G = 4; d = 64, 8 rows) and crossed (d = 128, 5 and 8 rows), each with 16 splits (the limit) and 17; one
+# row and few splits; --full-grid: every (d, rows, splits).
+MERGE_DEFAULT = {(128, 1, 1, 2), (128, 4, 1, 16), (128, 4, 1, 17), (128, 5, 1, 16), (128, 5, 1, 17), (128, 2, 4, 2),
+                 (64, 1, 1, 17), (64, 4, 1, 2), (64, 5, 1, 16), (64, 2, 4, 16), (64, 2, 4, 17)}
+
+
+def _merge_cases():
+    for d, (G, Tq), splits in itertools.product([64, 128], [(1, 1), (4, 1), (5, 1), (2, 4)], [2, 16, 17]):
+        yield pytest.param(d, G, Tq, splits, id=f"{splits}-{G}-{Tq}-{d}",
+                           marks=() if (d, G, Tq, splits) in MERGE_DEFAULT else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("d,G,Tq,splits", list(_merge_cases()))
 def test_mma_merge_paths(gpu, poison, d, G, Tq, splits):
     """decode_split_mma's own merge on both sides of its one-round path, which needs a thread per (row, 4 columns)
     item (rows * d / 4 <= 128 threads) and at most MERGE_PREFETCH = 16 splits: 1 to 8 rows per KV head cross the

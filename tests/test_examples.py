@@ -1,7 +1,7 @@
 """The host-side examples in kernels/examples/: one small C++ program per family that calls a course kernel the way an
 engineer's own code would (allocate, fill, launch with the documented grid, block and shared memory, copy back, check
 a few rows against a CPU loop). Each example's header gives its nvcc line; the CPU test builds it with that line where
-nvcc is installed, and on a GPU the program runs and must print its `ok` line and exit 0."""
+nvcc is installed (once per session), and on a GPU that program runs and must print its `ok` line and exit 0."""
 
 import os
 import re
@@ -38,19 +38,38 @@ def build(example: Path, out: Path) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """built(example): the program built with its documented line, once per session (the build test and the run test
+    share it; a failed build fails both with the same message)."""
+    results = {}
+
+    def get(example: Path) -> Path:
+        if example not in results:
+            try:
+                results[example] = build(example, tmp_path_factory.mktemp("examples") / example.stem)
+            except AssertionError as e:
+                results[example] = e
+        if isinstance(results[example], AssertionError):
+            raise results[example]
+        return results[example]
+
+    return get
+
+
 def test_there_are_examples():
     assert EXAMPLES, "no host-side examples in kernels/examples/"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_example_builds_with_its_documented_line(example, tmp_path):
-    build(example, tmp_path / example.stem)
+def test_example_builds_with_its_documented_line(example, built):
+    built(example)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs_on_the_gpu(example, tmp_path, gpu):
+def test_example_runs_on_the_gpu(example, built, gpu):
     import kernels
 
     major, minor = kernels.device_compute_capability()
@@ -58,7 +77,7 @@ def test_example_runs_on_the_gpu(example, tmp_path, gpu):
     arch = re.search(r"(?:-arch=sm_|code=sm_)(\d+)(a?)", line)
     if arch and (int(arch.group(1)) > 10 * major + minor or (arch.group(2) and int(arch.group(1)) != 10 * major + minor)):
         pytest.skip(f"{example.name} is built for sm_{arch.group(1)}{arch.group(2)}; this GPU is sm_{major}{minor}")
-    exe = build(example, tmp_path / example.stem)
+    exe = built(example)
     res = subprocess.run([os.fspath(exe)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"{example.name} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
     assert re.search(r"\bok\b", res.stdout), res.stdout

@@ -2,7 +2,6 @@
 sweep that chose flash2's defaults (any of which may become a default; kernels/flash/README.md), and LSE with
 magnitude-10 inputs."""
 
-import numpy as np
 import pytest
 
 import kernels
@@ -38,7 +37,14 @@ def test_flash2_misaligned_inputs_take_the_scalar_path(gpu, poison):
     assert kernels.check(F2.forward(*shifted, causal=True), R.attention(q, k, v, causal=True)).ok
 
 
-@pytest.mark.parametrize("D,tile", [(D, t) for D, ts in SWEEP_TILES.items() for t in ts])
+# Each tile is a build of its own. By default, per D, tiles that between them take every value of each of BR, BC, TM and
+# TN the sweep tried; --full-grid: every tile.
+SWEEP_DEFAULT = {64: [(128, 64, 8, 8), (32, 64, 4, 8), (64, 32, 4, 4)], 128: SWEEP_TILES[128]}
+
+
+@pytest.mark.parametrize("D,tile", [pytest.param(D, t, id=f"{D}-tile{i}",
+                                                 marks=() if t in SWEEP_DEFAULT[D] else (pytest.mark.full_grid,))
+                                    for i, (D, t) in enumerate((D, t) for D, ts in SWEEP_TILES.items() for t in ts)])
 def test_flash2_sweep_tiles(gpu, poison, D, tile):
     cp = gpu
     for (Tq, Tk), d, causal in [((33, 33), D, True), ((100, 257), D - 28, False), ((257, 100), D, True),

@@ -10,8 +10,13 @@ tiles differ in count, Tq > Tk under the causal mask (rows and whole CTAs that s
 softmax's maxima of scaled scores), and more work tiles than SMs (a persistent CTA walks several). The build without
 lazy rescaling gets the same shapes, and both builds get rows whose maximum climbs from tile to tile, by less and by
 more than the slack the lazy rescaling allows. Outputs start as NaN, so a row the kernel does not write fails. Needs compute capability 9.x; skipped elsewhere with the reason.
+
+The default grid runs a covering part of the schedules x shapes and tilings x shapes (SCHEDULE_DEFAULT_BUILDS,
+_launch_cases, OTHER_TILINGS_DEFAULT below); `pytest --full-grid` runs all of them.
 """
 
+import functools
+import itertools
 import re
 
 import numpy as np
@@ -40,13 +45,28 @@ OTHER_TILES = {64: [A.Tiles(128, 128, 4), A.Tiles(192, 128, 2), A.Tiles(128, 176
                128: [A.Tiles(128, 176, 2), A.Tiles(128, 128, 3), A.Tiles(128, 192, 2)]}
 
 
+@functools.lru_cache(maxsize=None)
+def _inputs_and_reference(case):
+    """q, k, v of a case in its dtype (host arrays) and the float64 reference on exactly those values. Computed once
+    per case: every schedule, launch and tiling of a case compares with the same reference, and the largest cases
+    spend seconds in it (B * H = 80 heads of 1000 x 1000 scores)."""
+    B, H, Tq, Tk, d, causal, dtype, scale = case
+    inputs = [x.astype(dtype) for x in R.make_qkv(B, H, Tq, d, Tk, seed=Tq + Tk + d)]
+    o_ref, lse_ref = R.attention(*(x.astype(np.float64) for x in inputs), causal=causal, scale=scale, return_lse=True)
+    return inputs, o_ref, lse_ref
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_cached_references():
+    yield
+    _inputs_and_reference.cache_clear()
+
+
 def _check(cp, case, **options):
     B, H, Tq, Tk, d, causal, dtype, scale = case
-    q, k, v = R.make_qkv(B, H, Tq, d, Tk, seed=Tq + Tk + d)
-    dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
-    host = [x.get().astype(np.float64) for x in dev]
+    inputs, o_ref, lse_ref = _inputs_and_reference(case)
+    dev = [cp.asarray(x) for x in inputs]
     o, lse = A.forward(*dev, causal=causal, scale=scale, return_lse=True, **options)
-    o_ref, lse_ref = R.attention(*host, causal=causal, scale=scale, return_lse=True)
     res_o, res_lse = kernels.check(o, o_ref, dtype), kernels.check(lse, lse_ref, dtype)
     assert res_o.ok, f"o: {res_o}"
     assert res_lse.ok, f"lse: {res_lse}"
@@ -55,8 +75,36 @@ def _check(cp, case, **options):
         assert bool((o[:, :, :blind] == 0).all()) and bool(cp.isneginf(lse[:, :, :blind]).all())
 
 
-@pytest.mark.parametrize("schedule", sorted(A.SCHEDULES), ids=lambda s: f"overlap{int(s[0])}-pingpong{int(s[1])}")
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def _case_id(case):
+    return "-".join(map(str, case))
+
+
+def _build(case):
+    """(d, tiling) of the default build a case runs on: default_tiles(d, causal, Tq)."""
+    return case[4], A.default_tiles(case[4], case[5], case[2])
+
+
+# The default grid runs every case on the default schedule (overlap and ping-pong on: the build the attention grid uses
+# too) and each other schedule on two of the four default tilings: d = 64's 192-row tiles (three consumer warpgroups:
+# one K/V tile, a negative scale, causal 192-row tiles, a persistent CTA walking several work tiles) and one tiling
+# of two consumer warpgroups, a different one per schedule (d = 128 without the mask; d = 128 under the mask, with
+# rows and a CTA that see no key; d = 64's short causal tiles, bf16, the rings wrapping). --full-grid: every case on
+# every schedule.
+SCHEDULE_DEFAULT_BUILDS = {
+    (False, False): {(64, A.TILES[(64, False)]), (128, A.TILES[(128, False)])},
+    (False, True): {(64, A.TILES[(64, False)]), (128, A.TILES[(128, True)])},
+    (True, False): {(64, A.TILES[(64, False)]), (64, A.SHORT_CAUSAL_TILES)},
+}
+
+
+def _schedule_cases():
+    for case, schedule in itertools.product(CASES, sorted(A.SCHEDULES)):
+        default = schedule == (True, True) or _build(case) in SCHEDULE_DEFAULT_BUILDS[schedule]
+        yield pytest.param(schedule, case, id=f"{_case_id(case)}-overlap{int(schedule[0])}-pingpong{int(schedule[1])}",
+                           marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("schedule,case", list(_schedule_cases()))
 def test_schedule_matches_reference(hopper, poison, schedule, case):
     overlap, pingpong = schedule
     _check(hopper, case, overlap=overlap, pingpong=pingpong)
@@ -91,14 +139,36 @@ def test_climbing_row_maxima(hopper, poison, lazy, d, causal, climb):
     assert res_lse.ok, f"lse: {res_lse}"
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def _launch_cases():
+    """By default the launch each case does not get by default (persistent under the causal mask, a CTA per work tile
+    without it); the default launch is test_schedule_matches_reference's default schedule again (--full-grid)."""
+    for case, persistent in itertools.product(CASES, [False, True]):
+        default = persistent != (not case[5])
+        yield pytest.param(persistent, case, id=f"{_case_id(case)}-{'persistent' if persistent else 'grid'}",
+                           marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("persistent,case", list(_launch_cases()))
 def test_persistent_and_grid_launches_match_reference(hopper, poison, persistent, case):
     _check(hopper, case, persistent=persistent)
 
 
-@pytest.mark.parametrize("case, tiles", [(c, t) for c in CASES for t in OTHER_TILES[c[4]]],
-                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, A.Tiles) else "-".join(map(str, x)))
+# By default: the two tilings that are builds of their own and stress what nothing else does (192-key tiles, the widest
+# wgmma; three ring slots, so the slot index and the mbarrier phase wrap at different times), each on a d = 128 case
+# whose rings wrap, and two default builds on the other mask (the d = 128 non-causal tiling under the causal mask, the
+# short-causal d = 64 tiling without it). --full-grid: every case with every tiling of OTHER_TILES.
+OTHER_TILINGS_DEFAULT = {(CASES[3], A.Tiles(128, 192, 2)), (CASES[8], A.Tiles(128, 128, 3)),
+                         (CASES[1], A.TILES[(128, False)]), (CASES[7], A.SHORT_CAUSAL_TILES)}
+
+
+def _tiling_cases():
+    for case in CASES:
+        for tiles in OTHER_TILES[case[4]]:
+            yield pytest.param(case, tiles, id=f"{_case_id(case)}-{'x'.join(map(str, tiles))}",
+                               marks=() if (case, tiles) in OTHER_TILINGS_DEFAULT else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("case, tiles", list(_tiling_cases()))
 def test_other_tilings_match_reference(hopper, poison, case, tiles):
     _check(hopper, case, tiles=tiles)
 

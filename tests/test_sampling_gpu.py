@@ -15,7 +15,8 @@ different distribution) must fail, which shows the test can.
 Two kernels run the default method (top_k_method="threshold"): sample_cluster<CS> (a cluster of CS blocks per row, the
 row held in shared memory; sm_90, where the row fits) and sample_threshold (one block per row; cluster=0, older GPUs and
 rows too long for a cluster). The grid runs every case through both ("auto" and "one-block"), every cluster size on a
-few cases, and a row too long for any cluster.
+few cases, and a row too long for any cluster. By default a covering part of the cases (THRESHOLD_DEFAULT,
+LISTS_DEFAULT, _cluster_cases); `pytest --full-grid` runs all of them.
 """
 
 import math
@@ -133,8 +134,20 @@ CASES = [  # V, rows, std, kind, temperature, top_k, top_p
 METHODS = {"threshold": dict(top_k_method="threshold"), "one-block": dict(top_k_method="threshold", cluster=0),
            "lists": dict(top_k_method="lists"), "cluster-1": dict(top_k_method="threshold", cluster=1),
            "cluster-4": dict(top_k_method="threshold", cluster=4)}
-CASES = ([c + ("threshold",) for c in CASES] + [c + ("one-block",) for c in CASES]
-         + [c + ("lists",) for c in CASES if 0 < c[5] < c[0]])
+# The default grid (indices into the list above), for both kernels of the threshold method: top-p on each kind of
+# logits (normal with std 10, ties, equal, -inf), top-k and top-k with top-p on each kind, plain sampling, k = 1, a
+# vanishing p with and without top-k, V = 1, the largest vocabulary and a batch of 64 rows. The lists method (top-k
+# only): k = 1, each kind, the smallest list build (k = 16) and the largest (k = 64), V = 256000. --full-grid: all.
+# A 25-30 s case in an H100 run with 12 xdist workers is the first sampling case of its worker, compiling
+# threshold.cu (NVRTC builds sample_threshold and five sample_cluster instantiations) and topk_lists.cu; a single
+# process compiles them once, and the float64 reference takes about a second at most (32000 x 64).
+THRESHOLD_DEFAULT = {1, 3, 4, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 18, 22}
+LISTS_DEFAULT = {10, 11, 13, 14, 15, 16, 18}
+CASES = [pytest.param(c + (method,), id="-".join(map(str, c + (method,))),
+                      marks=() if i in (LISTS_DEFAULT if method == "lists" else THRESHOLD_DEFAULT)
+                      else (pytest.mark.full_grid,))
+         for method in ("threshold", "one-block", "lists") for i, c in enumerate(CASES)
+         if method != "lists" or 0 < c[5] < c[0]]
 
 
 def uses_clusters(gpu) -> bool:
@@ -160,7 +173,7 @@ def run_case(gpu, x, T, k, p, seed, offset, **kw):
     check_tokens(x, T, kept, plain, seed, offset)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", CASES)
 def test_probs_and_tokens_match_reference(gpu, poison, case):
     V, rows, std, kind, T, k, p, method = case
     x = make_logits(rows, V, std=std, seed=V + rows, kind=kind)
@@ -205,8 +218,18 @@ CLUSTER_CASES = [  # V, std, kind, temperature, top_k, top_p: run through every 
 ]
 
 
-@pytest.mark.parametrize("cs", SM.CLUSTER_SIZES)
-@pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: "-".join(map(str, c)))
+def _cluster_cases():
+    """By default the rows of fewer than 100 logits (most blocks of a wide cluster hold nothing) at every cluster size,
+    and each other case at one size, the sizes rotating so that each meets two cases; --full-grid: every case at
+    every size."""
+    for i, case in enumerate(CLUSTER_CASES):
+        for cs in SM.CLUSTER_SIZES:
+            default = case[0] < 100 or cs == SM.CLUSTER_SIZES[i % len(SM.CLUSTER_SIZES)]
+            yield pytest.param(case, cs, id=f"{'-'.join(map(str, case))}-{cs}",
+                               marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("case,cs", list(_cluster_cases()))
 def test_every_cluster_size(gpu, poison, case, cs):
     if not uses_clusters(gpu):
         pytest.skip("thread-block clusters need compute capability >= 9.0")

@@ -9,7 +9,9 @@
   on each of the four, a side-stream test, torch.compile(fullgraph=True) against eager, clear errors.
 - fake/meta implementations: no GPU needed (only torch).
 
-Skipped with the reason where torch or a GPU is missing.
+By default each case in one dtype (every head-size build in both) and each other backward tile on one shape;
+`pytest --full-grid` runs every case in both dtypes and every tile on every shape. Skipped with the reason where torch
+or a GPU is missing.
 """
 
 import math
@@ -60,8 +62,17 @@ def _no_key_rows(Tq, Tk, causal):
     return max(Tq - Tk, 0) if causal else 0
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,H,Tq,Tk,d,causal,mag", CASES)
+def _dtype_cases(first, last, both=()):
+    """CASES[first:last], by default case i in DTYPES[i % 2] (and the cases of `both` in both: D = 96 has one case);
+    --full-grid: every case in both dtypes. Each head-size build meets both dtypes either way."""
+    for dtype in DTYPES:
+        for i, case in enumerate(CASES[first:last], start=first):
+            default = dtype == DTYPES[i % 2] or case in both
+            yield pytest.param(dtype, *case, id="-".join(map(str, case + (dtype,))),
+                               marks=() if default else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("dtype,B,H,Tq,Tk,d,causal,mag", list(_dtype_cases(0, len(CASES), both=(CASES[2],))))
 def test_backward_kernel_matches_reference(cuda, poison, dtype, B, H, Tq, Tk, d, causal, mag):
     cp = cuda
     (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, B, H, Tq, Tk, d, dtype, mag)
@@ -76,8 +87,17 @@ def test_backward_kernel_matches_reference(cuda, poison, dtype, B, H, Tq, Tk, d,
         assert not cp.any(dq[:, :, :blind].view(cp.int16)), "rows that see no key must get exactly zero dq"
 
 
-@pytest.mark.parametrize("tile", [(64, 4, 2), (32, 4, 1), (16, 2, 1)])
-@pytest.mark.parametrize("Tq,Tk,d,causal", [(150, 133, 64, True), (100, 37, 128, False), (33, 70, 32, True)])
+def _other_tile_cases():
+    """Each tile a build of its own per head size: by default each tile on one shape and each shape with one tile (a
+    diagonal); --full-grid: every tile on every shape."""
+    shapes = [(150, 133, 64, True), (100, 37, 128, False), (33, 70, 32, True)]
+    for t, tile in enumerate([(64, 4, 2), (32, 4, 1), (16, 2, 1)]):
+        for k, shape in enumerate(shapes):
+            yield pytest.param(tile, *shape, id=f"{'-'.join(map(str, shape))}-tile{t}",
+                               marks=() if t == k else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("tile,Tq,Tk,d,causal", list(_other_tile_cases()))
 def test_backward_kernel_other_tiles(cuda, poison, tile, Tq, Tk, d, causal):
     """Builds other than the default 8-warp ones (tile=): 4 and 2 warps, 16-128 query rows, ragged ends."""
     cp = cuda
@@ -169,8 +189,7 @@ def _tensors(B, H, Tq, Tk, d, dtype, mag=1.0, seed=0):
     return ts, host
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("B,H,Tq,Tk,d,causal,mag", CASES[1:6])
+@pytest.mark.parametrize("dtype,B,H,Tq,Tk,d,causal,mag", list(_dtype_cases(1, 6)))
 def test_attention_op_gradients(cuda, dtype, B, H, Tq, Tk, d, causal, mag):
     (q, k, v, do), (q64, k64, v64, do64) = _tensors(B, H, Tq, Tk, d, dtype, mag)
     for t in (q, k, v):
