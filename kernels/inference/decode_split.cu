@@ -526,7 +526,12 @@ DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache,
         cp_async_16(v_tile + tile_offset<D>(r, c), v_src + step, ok);
         ok_bits |= static_cast<u32>(ok) << r;
     }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     return __reduce_or_sync(FULL_MASK, ok_bits);
+#else  // no REDUX before sm_80; decode_split_mma is built from 8.0 only, but the file's sm_75 build must compile it
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) ok_bits |= __shfl_xor_sync(FULL_MASK, ok_bits, off);
+    return ok_bits;
+#endif
 }
 
 // Step 3: the scores of one tile, s[nt] = q K^T for keys key0 + 8 nt .. + 7, in the mma's C layout: lane 4g + t holds
