@@ -77,6 +77,7 @@ NAME_EXPRESSIONS = {
                    for vec in (1, PERMUTE_VEC)])
     for half in HALF_DTYPES}
 NVRTC_BUILDS = [(NAME_EXPRESSIONS[half], ()) for half in HALF_DTYPES]  # for tests/test_compile.py
+SM75_BUILDS = [(NAME_EXPRESSIONS["float16"], ())]  # what a T4 builds (tests/test_sm75.py)
 
 
 def _kernel(expr: str, half: str):

@@ -78,6 +78,7 @@ def name_expression(d: int, dtype: str, tpk: int, ft_layout: bool) -> str:
 BUILDS = [(d, dt, DEFAULT_TPK, ft) for d in HEAD_DIMS for dt in DTYPES for ft in (False, True)] + \
          [(128, "float16", tpk, ft) for tpk in (1, 2, 8, 16) for ft in (False, True)]
 NVRTC_BUILDS = [(tuple(name_expression(*b) for b in BUILDS), DEFINES)]
+SM75_BUILDS = [(tuple(name_expression(*b) for b in BUILDS if b[1] != "bfloat16"), DEFINES)]  # tests/test_sm75.py
 
 
 def max_cache_len(dev: int | None = None) -> int:

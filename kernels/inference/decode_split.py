@@ -138,6 +138,9 @@ def combine_expression(D: int, dtype: str) -> str:
 NVRTC_BUILDS = [(tuple([name_expression(D, RB, dt) for D in HEAD_DIMS for RB in ROW_BUILDS for dt in DTYPES]
                        + [mma_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]
                        + [combine_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]), DEFINES)]
+# What a T4 builds (_kernels with mma_ok=False, float16 only; tests/test_sm75.py)
+SM75_BUILDS = [(tuple([name_expression(D, RB, "float16") for D in HEAD_DIMS for RB in ROW_BUILDS]
+                      + [combine_expression(D, "float16") for D in HEAD_DIMS]), DEFINES)]
 
 
 @functools.lru_cache(maxsize=None)
