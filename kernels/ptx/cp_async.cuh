@@ -1,5 +1,5 @@
 // ptx/cp_async.cuh -- cp.async (sm_80+): 16-byte copies from global to shared memory that do not pass through
-// registers, grouped and waited for per thread.
+// registers, grouped and waited for per thread (below sm_80, a synchronous copy with the same calls: see below).
 //
 //   cp_async_16(dst, src)            copy 16 bytes; dst is a shared-window address (smem_addr), src 16-byte aligned
 //   cp_async_16(dst, src, in_range)  the same, or, when in_range is false, write 16 zero bytes and read nothing
