@@ -14,8 +14,20 @@ from typing import Callable
 from .device import BF16_MIN_CC, DEFAULT_MIN_CC
 
 
+class _NeedsGPU:
+    """What a registered variant needs of the GPU: min_cc (its least demanding dtype) and dtype_min_cc (the dtypes
+    that need more), filled in by the dataclasses below."""
+
+    def min_cc_for(self, dtype) -> tuple:
+        return _min_cc_for(self, dtype)
+
+    def unsupported_reason(self, cc: tuple, dtype=None) -> str | None:
+        """Why a GPU of compute capability `cc` cannot run this variant (in `dtype`), or None where it can."""
+        return _unsupported_reason(self, cc, dtype)
+
+
 @dataclass(frozen=True)
-class Variant:
+class Variant(_NeedsGPU):
     name: str  # short unique name, e.g. "naive"
     forward: Callable  # forward(q, k, v, *, causal=False, scale=None[, return_lse=False])
     dtypes: tuple  # input dtypes it accepts, e.g. ("float32",)
@@ -38,13 +50,6 @@ class Variant:
         import numpy as np
 
         return self.precision or np.dtype(dtype).name
-
-    def min_cc_for(self, dtype) -> tuple:
-        return _min_cc_for(self, dtype)
-
-    def unsupported_reason(self, cc: tuple, dtype=None) -> str | None:
-        """Why a GPU of compute capability `cc` cannot run this variant (in `dtype`), or None where it can."""
-        return _unsupported_reason(self, cc, dtype)
 
     def accepts_d(self, d: int) -> bool:
         """Whether forward() takes head dimension d (tests and benchmarks skip the others)."""
@@ -111,7 +116,7 @@ def tested_variants() -> dict[str, Variant]:
 # ---------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class DecodeVariant:
+class DecodeVariant(_NeedsGPU):
     name: str  # short unique name, e.g. "decode_split"
     decode: Callable  # decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_splits=None,
     #                          return_lse=False, check_indices=False) -> o, or (o, lse)
@@ -136,13 +141,6 @@ class DecodeVariant:
         import numpy as np
 
         return np.dtype(dtype).name
-
-    def min_cc_for(self, dtype) -> tuple:
-        return _min_cc_for(self, dtype)
-
-    def unsupported_reason(self, cc: tuple, dtype=None) -> str | None:
-        """Why a GPU of compute capability `cc` cannot run this variant (in `dtype`), or None where it can."""
-        return _unsupported_reason(self, cc, dtype)
 
 
 DECODE_REGISTRY: dict[str, DecodeVariant] = {}
