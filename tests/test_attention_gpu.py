@@ -28,12 +28,12 @@ def _head_dim(v, preferred):
     return min(v.head_dims, key=lambda d: (abs(d - preferred), d))
 
 
-def _skip_older_gpu(v):
-    """A variant built for a newer GPU than this one (Variant.min_cc, e.g. Hopper's sm_90a) is skipped, not failed;
-    tests/test_errors_gpu.py checks that it raises a clear error there."""
-    cc = kernels.device_compute_capability()
-    if cc < tuple(v.min_cc):
-        pytest.skip(f"{v.name} needs compute capability >= {v.min_cc[0]}.{v.min_cc[1]}; this GPU has {cc[0]}.{cc[1]}")
+def _skip_older_gpu(v, dtype=None):
+    """A variant built for a newer GPU than this one (Variant.min_cc, e.g. Hopper's sm_90a; per dtype, e.g. bfloat16 on
+    a T4) is skipped, not failed; tests/test_errors_gpu.py checks that it raises a clear error there."""
+    reason = v.unsupported_reason(kernels.device_compute_capability(), dtype)
+    if reason is not None:
+        pytest.skip(reason)
 
 
 # The default grid, for every variant and dtype (the head size's builds are compiled whatever the length, so the
@@ -82,7 +82,7 @@ def _inputs(cp, dtype, Tq, Tk, d, mag, seed):
 def test_variant_matches_reference(gpu, poison, name, dtype, Tq, Tk, d, causal, mag):
     cp = gpu
     variant = VARIANTS_BY_NAME[name]
-    _skip_older_gpu(variant)
+    _skip_older_gpu(variant, dtype)
     host, dev = _inputs(cp, dtype, Tq, Tk, d, mag, seed=Tq * 1000 + Tk + d)
     # the reference sees exactly the values the GPU sees (after rounding to the kernel's dtype)
     host = [x.get().astype(np.float64) for x in dev]

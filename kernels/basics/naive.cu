@@ -31,7 +31,7 @@
 //   unpermute(float* out, const float* o, int B, int T, int NH, int d)
 //
 // Minimum compute capability: nothing here needs more than plain loads, stores and expf; `nvcc -arch=sm_75` (the
-// oldest CUDA 13 targets) builds it. The course runs it from 8.0, its launchers' minimum. It includes no header.
+// oldest CUDA 13 targets) builds it. The course runs it from 7.5 (a T4). It includes no header.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/basics/naive.cu -o naive.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import MAX_GRID_X, ceil_div, check_array, check_grid, cp, get_kernel, validate_attention
+from ..core import MAX_GRID_X, T4_CC, ceil_div, check_array, check_grid, cp, get_kernel, validate_attention
 from ..core.registry import Variant, register
 
 KERNEL_FILE = "naive.cu"
@@ -30,7 +30,7 @@ def _launch_grid(total: int, block: int):
 
 def forward(q, k, v, *, causal=False, scale=None, block_size=DEFAULT_BLOCK, return_scores=False):
     """softmax(scale q k^T) v with three launches; returns o (and (preatt, att) if return_scores)."""
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D,
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, min_cc=T4_CC,
                                                 what="naive attention", scale=scale)
     block = _check_block(block_size)
     BH = B * H
@@ -80,5 +80,5 @@ def forward_packed(inp, NH, *, block_size=DEFAULT_BLOCK):
     return unpermute(o, block_size=block_size), preatt, att
 
 
-register(Variant("naive", forward, ("float32",), "01_naive_cuda", MAX_D,
+register(Variant("naive", forward, ("float32",), "01_naive_cuda", MAX_D, min_cc=T4_CC,
                  description="three kernels, one thread per score / row / output (llm.c v1)"))

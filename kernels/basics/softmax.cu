@@ -46,7 +46,7 @@
 //                                             floats (longer rows stay correct but read their rest again)
 //
 // Minimum compute capability: warp shuffles and streaming stores (__stcs) only; `nvcc -arch=sm_75` (the oldest CUDA 13
-// targets) builds it. The course runs it from 8.0, its launchers' minimum. It includes no header.
+// targets) builds it. The course runs it from 7.5 (a T4). It includes no header.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/basics/softmax.cu -o softmax.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)

@@ -29,7 +29,7 @@
 //       CACHE_VEC4 float4 per thread) would not fit the SM's 64K registers, so the launcher stops at MAX_BLOCK.
 //
 // Minimum compute capability: warp shuffles only; `nvcc -arch=sm_75` (the oldest CUDA 13 targets) builds it. The
-// course runs it from 8.0, its launchers' minimum. It includes no header.
+// course runs it from 7.5 (a T4). It includes no header.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/basics/softmax_bwd.cu -o softmax_bwd.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .common import ROOT, save_result
-from ..core import REGISTRY, check, format_table, gpu_name, gpu_unavailable_reason
+from ..core import REGISTRY, check, device_compute_capability, format_table, gpu_name, gpu_unavailable_reason
 from ..core import cp
 from ..core.timing import (attention_bytes, attention_flops, benchmark, compare, copy_bandwidth_gbps, fits_in_l2,
                      host_overhead_us, read_bandwidth_gbps)
@@ -182,6 +182,11 @@ def _time_config(rows, suite, dtype, shape, causal, q, k, v, peers, names, log):
         fns[p], kinds[p] = fn, "peer"
     for name in names:
         var = REGISTRY[name]
+        why = var.unsupported_reason(device_compute_capability(), dtype)  # e.g. bfloat16 or TF32 on a T4
+        if why is not None:
+            rows.append(_row(suite, name, "ours", dtype, shape, causal, note=f"not run: {why}"))
+            log(f"  {name:16s} not run: {why}")
+            continue
         try:
             o = var.forward(q, k, v, causal=causal)
         except ValueError as e:  # e.g. cuBLAS attention's score matrix does not fit in memory
@@ -275,7 +280,9 @@ def launcher_overhead(variants=None, log=print) -> list[dict]:
     """
     B, H, T, d = OVERHEAD_SHAPE.values()
     rows, fns = [], {}
-    cases = [(n, dt) for n in (variants or sorted(REGISTRY)) for dt in REGISTRY[n].dtypes[:1]]
+    cc = device_compute_capability()
+    cases = [(n, dt) for n in (variants or sorted(REGISTRY)) for dt in REGISTRY[n].dtypes[:1]
+             if REGISTRY[n].unsupported_reason(cc, dt) is None]
     cases += [("torch sdpa", "float16"), ("torch sdpa", "float32")]
     for name, dtype in cases:
         q, k, v = _inputs(B, H, T, d, dtype, seed=4)

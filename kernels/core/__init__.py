@@ -14,16 +14,17 @@ Imports flow one way: the chapter folders (kernels/basics, kernels/flash, ...) i
 """
 
 from .check import TOLERANCES, CheckResult, check, poisoned_allocations
-from .compile import (KERNEL_DIR, NVRTC_OPTIONS, CompileError, compile_cubin, cuda_header_options, defines_from,
-                      kernel_path, kernel_text, load_module)
-from .device import (DEFAULT_MIN_CC, DEFAULT_SHARED_LIMIT, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, DeviceInfo,
-                     GPUNotAvailableError, UnsupportedDeviceError, blocks_per_sm, ceil_div, check_compute_capability,
-                     check_shared_memory, cp, current_device, device_compute_capability, device_info, gpu_name,
-                     gpu_unavailable_reason, max_shared_memory_optin, require_gpu)
+from .compile import (KERNEL_DIR, NVRTC_OPTIONS, CompileError, compile_cubin, compile_program, cuda_header_options,
+                      defines_from, kernel_path, kernel_text, load_module)
+from .device import (BF16_MIN_CC, DEFAULT_MIN_CC, DEFAULT_SHARED_LIMIT, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ,
+                     SIMULATE_ENV, T4_CC, DeviceInfo, GPUNotAvailableError, UnsupportedDeviceError, blocks_per_sm,
+                     ceil_div, check_compute_capability, check_dtype_capability, check_shared_memory, cp,
+                     current_device, device_compute_capability, device_info, gpu_name, gpu_unavailable_reason,
+                     max_shared_memory_optin, require_gpu, simulated_arch, simulated_cc)
 from .launch import (I32, NULL, Kernel, Launch, attention_launch, clear_launch_caches, get_kernel, launch_cache,
                      scalar)
-from .registry import (DECODE_REGISTRY, REGISTRY, STAGING, DecodeVariant, Variant, register, register_decode,
-                       tested_variants)
+from .registry import (DECODE_REGISTRY, REGISTRY, STAGING, DecodeVariant, Variant, bf16_needs_80, register,
+                       register_decode, tested_variants)
 from .source import kernel_source, kernel_steps
 from .timing import (Timing, attention_bytes, attention_flops, benchmark, compare, format_table, host_overhead_us,
                      paired_ratio, sustained)

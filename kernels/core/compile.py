@@ -1,5 +1,6 @@
 """Compiling a kernel file: finding it by its bare name, NVRTC through CuPy (once per process), and CUBINs for
-architecture-specific targets (sm_90a) compiled by NVRTC directly.
+architecture-specific targets (sm_90a) or PTX for an older GPU (compute_75, $COURSE_SIMULATE_CC) compiled by NVRTC
+directly.
 
 Kernel files live in the chapter folders of kernels/ (kernels/flash/flash2_mma.cu, ...) and are named by their
 bare file name everywhere ("flash2_mma.cu"): the names are unique across the folders, and `kernel_path` finds them.
@@ -18,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .device import cp, require_gpu
+from .device import cp, require_gpu, simulated_arch
 
 KERNEL_DIR = Path(__file__).resolve().parents[1]  # kernels/
 
@@ -126,20 +127,23 @@ def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: 
     `defines` are extra "-DNAME=VALUE" (or -I) options; `name_expressions` list template instantiations
     (for example "flash_fwd<64>") that the caller will fetch with module.get_function.
     `arch` (for example "sm_90a") compiles for that architecture instead of CuPy's choice for the current GPU: the
-    CUBIN of compile_cubin, cached on disk, loaded with RawModule(path=...); extern "C" kernels only.
+    CUBIN of compile_cubin, cached on disk, loaded with RawModule(path=...). While $COURSE_SIMULATE_CC names an older
+    GPU (device.simulated_arch), every other build is compiled to that GPU's PTX (compute_75), which the real GPU's
+    driver JIT-compiles when the module loads: CuPy's RawModule would put its own -arch for the real GPU after ours.
     """
     require_gpu()
     source = kernel_text(filename)
     options = NVRTC_OPTIONS + tuple(defines)
+    requested_arch = arch  # what the build log keeps: a simulated GPU's PTX target is not part of the build
+    if arch is None:
+        arch = simulated_arch()
     if arch is not None:
-        if name_expressions:
-            raise ValueError(f"{filename}: a build for arch={arch!r} loads extern \"C\" kernels only "
-                             f"(no name_expressions)")
-        module = cp.RawModule(path=os.fspath(_cached_cubin(filename, source, arch, options)))
+        path, lowered = _cached_binary(filename, source, arch, options, tuple(name_expressions))
+        module = _LoadedModule(cp.RawModule(path=os.fspath(path)), lowered)
     else:
         module = cp.RawModule(code=source, options=options, name_expressions=name_expressions or None)
         module.compile()
-    _log_build(filename, name_expressions, defines, arch)
+    _log_build(filename, name_expressions, defines, requested_arch)
     return module
 
 
@@ -161,6 +165,24 @@ def _log_build(filename, name_expressions, defines, arch) -> None:
             f.write(json.dumps(build_record(filename, name_expressions, defines, arch)) + "\n")
 
 
+class _LoadedModule:
+    """A RawModule loaded from a file (CUBIN or PTX), whose get_function takes a name expression as well as a lowered
+    name, like a RawModule compiled from code with name_expressions."""
+
+    def __init__(self, module, lowered: dict):
+        self.module, self.lowered = module, lowered
+
+    def get_function(self, name: str):
+        try:
+            return self.module.get_function(self.lowered.get(name, name))
+        except cp.cuda.driver.CUDADriverError as e:
+            if "PTX" not in str(e):
+                raise
+            raise CompileError(f"the driver cannot load this NVRTC's PTX ({e}): a driver JIT-compiles PTX of its own "
+                               f"CUDA version or older, so install the NVRTC of the driver's CUDA version (nvidia-smi "
+                               f"shows it), e.g. pip install 'nvidia-cuda-nvrtc==13.0.*'") from e
+
+
 class CompileError(RuntimeError):
     """NVRTC rejected a kernel file; the message holds NVRTC's log."""
 
@@ -173,17 +195,32 @@ def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> tup
     CuPy loads the CUBIN (load_module(..., arch=...)). NVRTC is CuPy's own where CuPy is installed, and otherwise the
     cuda-bindings wheel's (the CPU compile tests): no GPU is needed to compile. Raises CompileError with the log.
     """
+    binary, log, _ = compile_program(source, name, arch, options)
+    return binary, log
+
+
+def compile_program(source: str, name: str, arch: str, options: tuple = (),
+                    name_expressions: tuple = ()) -> tuple[bytes, str, dict]:
+    """(binary, NVRTC's log, {name expression: lowered name}) of CUDA `source` compiled with NVRTC for `arch`: a
+    CUBIN for a real architecture ("sm_90a", "sm_75"), PTX for a virtual one ("compute_75", which the driver
+    JIT-compiles for the GPU it loads on). Raises CompileError with the log."""
     opts = [f"--gpu-architecture={arch}", *options]
+    ptx = arch.startswith("compute_")
     if cp is not None:
         from cupy_backends.cuda.libs import nvrtc
 
         prog = nvrtc.createProgram(source, name, (), ())
         try:
+            for expr in name_expressions:
+                nvrtc.addNameExpression(prog, expr)
             try:
                 nvrtc.compileProgram(prog, opts)
             except nvrtc.NVRTCError as e:
                 raise CompileError(f"{name} ({arch}) does not compile:\n{nvrtc.getProgramLog(prog)}") from e
-            return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog).strip("\x00 \n")
+            binary = nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
+            lowered = {expr: _as_bytes(nvrtc.getLoweredName(prog, expr)).rstrip(b"\x00").decode()
+                       for expr in name_expressions}
+            return _as_bytes(binary), nvrtc.getProgramLog(prog).strip("\x00 \n"), lowered
         finally:
             nvrtc.destroyProgram(prog)
     from cuda.bindings import nvrtc
@@ -192,6 +229,8 @@ def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> tup
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"{name}: nvrtcCreateProgram failed: {err}")
     try:
+        for expr in name_expressions:
+            nvrtc.nvrtcAddNameExpression(prog, expr.encode())
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         log = b" " * size
@@ -199,12 +238,20 @@ def compile_cubin(source: str, name: str, arch: str, options: tuple = ()) -> tup
         log = log.decode(errors="replace").strip("\x00 \n")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"{name} ({arch}) does not compile:\n{log}")
-        _, size = nvrtc.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
-        nvrtc.nvrtcGetCUBIN(prog, cubin)
-        return cubin, log
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize,
+                                                                                nvrtc.nvrtcGetCUBIN)
+        _, size = get_size(prog)
+        binary = b" " * size
+        get(prog, binary)
+        lowered = {expr: _as_bytes(nvrtc.nvrtcGetLoweredName(prog, expr.encode())[1]).rstrip(b"\x00").decode()
+                   for expr in name_expressions}
+        return binary, log, lowered
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _as_bytes(x) -> bytes:
+    return x if isinstance(x, bytes) else bytes(x) if not isinstance(x, str) else x.encode()
 
 
 def _nvrtc_version() -> str:
@@ -218,16 +265,22 @@ def _nvrtc_version() -> str:
     return f"cuda-bindings-nvrtc-{major}.{minor}"
 
 
-def _cached_cubin(filename: str, source: str, arch: str, options: tuple) -> Path:
-    """The CUBIN of the kernel file `filename` for `arch`, compiled once and kept in CuPy's kernel cache directory
-    ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) under a hash of the source, options, arch and NVRTC version."""
-    key = hashlib.sha256("\0".join((source, arch, *options, _nvrtc_version())).encode()).hexdigest()[:20]
+def _cached_binary(filename: str, source: str, arch: str, options: tuple, name_expressions: tuple) -> tuple:
+    """(path, {name expression: lowered name}) of the CUBIN (sm_XX) or PTX (compute_XX) of the kernel file `filename`
+    for `arch`, compiled once and kept in CuPy's kernel cache directory ($CUPY_CACHE_DIR, default
+    ~/.cupy/kernel_cache) under a hash of the source, options, name expressions, arch and NVRTC version, beside the
+    lowered names (one line per name expression)."""
+    key = hashlib.sha256("\0".join((source, arch, *options, "names", *name_expressions,
+                                     _nvrtc_version())).encode()).hexdigest()[:20]
     cache = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()
-    path = cache / f"{Path(filename).stem}_{arch}_{key}.cubin"
-    if not path.is_file():
-        cubin, _ = compile_cubin(source, filename, arch, options)
+    path = cache / f"{Path(filename).stem}_{arch}_{key}.{'ptx' if arch.startswith('compute_') else 'cubin'}"
+    names = path.with_suffix(".names")
+    if not (path.is_file() and names.is_file()):
+        binary, _, lowered = compile_program(source, filename, arch, options, name_expressions)
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)  # atomic: another process never reads half a file
-    return path
+        for target, data in ((names, "".join(f"{lowered[e]}\n" for e in name_expressions).encode()), (path, binary)):
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)  # atomic: another process never reads half a file
+    lowered = dict(zip(name_expressions, names.read_text().splitlines()))
+    return path, lowered

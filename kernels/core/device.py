@@ -8,6 +8,7 @@ which raise GPUNotAvailableError with the reason.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from dataclasses import dataclass
 
@@ -22,8 +23,20 @@ except ImportError:  # pragma: no cover - float16/float32 work without it
     ml_dtypes = None
 
 # Every kernel of the course needs at least Ampere (sm_80) unless its registry entry says otherwise: cp.async, bf16
-# and mma.m16n8k16.
+# and mma.m16n8k16. The CUDA-core kernels of chapters 01-05 and 08-10 run from 7.5 (a T4), except in bfloat16.
 DEFAULT_MIN_CC = (8, 0)
+T4_CC = (7, 5)  # the oldest compute capability CUDA 13 compiles for, and the GPU of Colab, Kaggle and hosted CI
+BF16_MIN_CC = (8, 0)  # bfloat16 conversions (cvt.rn.bf16.f32) and arithmetic need sm_80
+
+# COURSE_SIMULATE_CC=7.5 makes this process see a T4 on a newer GPU: device_info() reports the capability, shared
+# memory per block and SM count below, and the kernels are compiled to compute_XY PTX, which the real GPU's driver
+# JIT-compiles, so that the code paths of the older GPU (its fallbacks included) really run (CONTRIBUTING.md).
+SIMULATE_ENV = "COURSE_SIMULATE_CC"
+SIMULATED_GPUS = {  # cc -> (name, SM count, shared memory per block after opt-in, L2 bytes)
+    (7, 5): ("Tesla T4", 40, 64 * 1024, 4 * 2**20),
+    (8, 0): ("NVIDIA A100", 108, 163 * 1024, 40 * 2**20),
+    (8, 6): ("NVIDIA GeForce RTX 3090", 82, 99 * 1024, 6 * 2**20),
+}
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # shared memory (static + dynamic) a block may use without opting in
 MAX_GRID_X = 2**31 - 1  # the launch limits of every CUDA GPU since compute capability 3.0
@@ -37,6 +50,41 @@ class GPUNotAvailableError(RuntimeError):
 
 class UnsupportedDeviceError(RuntimeError):
     """Raised when the current GPU is older than a kernel's minimum compute capability."""
+
+
+def simulated_cc() -> tuple[int, int] | None:
+    """The compute capability named by $COURSE_SIMULATE_CC ("7.5" -> (7, 5)), or None where it is unset or empty.
+    ValueError for a value that is not one of SIMULATED_GPUS."""
+    text = os.environ.get(SIMULATE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        major = minor = -1
+    if (major, minor) not in SIMULATED_GPUS:
+        known = ", ".join(f"{a}.{b}" for a, b in SIMULATED_GPUS)
+        raise ValueError(f"{SIMULATE_ENV}={text!r}: simulated compute capabilities are {known}")
+    return major, minor
+
+
+def simulated_arch() -> str | None:
+    """"compute_75" (the PTX target of every kernel build) while a capability is simulated, else None."""
+    cc = simulated_cc()
+    return None if cc is None else f"compute_{cc[0]}{cc[1]}"
+
+
+def _simulated(info: "DeviceInfo", cc: tuple) -> "DeviceInfo":
+    """What the launchers see of `info` while $COURSE_SIMULATE_CC names `cc`; UnsupportedDeviceError where the real
+    GPU cannot run that capability's PTX (a driver JIT-compiles PTX for its own GPU's capability or an older one)."""
+    if cc > info.cc:
+        raise UnsupportedDeviceError(
+            f"{SIMULATE_ENV}={cc[0]}.{cc[1]} cannot be simulated on {info.name} (compute capability "
+            f"{info.cc[0]}.{info.cc[1]}): its driver JIT-compiles compute_{cc[0]}{cc[1]} PTX only on a GPU of that "
+            f"capability or newer")
+    name, sms, smem, l2 = SIMULATED_GPUS[cc]
+    return DeviceInfo(id=info.id, name=f"{name} (simulated on {info.name})", cc=cc, sm_count=sms, smem_optin=smem,
+                      l2_bytes=l2)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -124,6 +172,9 @@ def device_info(dev: int | None = None) -> DeviceInfo:
         info = DeviceInfo(id=dev, name=name.decode() if isinstance(name, bytes) else str(name),
                           cc=(int(cc[:-1]), int(cc[-1])), sm_count=int(attrs["MultiProcessorCount"]),
                           smem_optin=int(attrs["MaxSharedMemoryPerBlockOptin"]), l2_bytes=int(attrs["L2CacheSize"]))
+        cc_sim = simulated_cc()
+        if cc_sim is not None:
+            info = _simulated(info, cc_sim)
         _DEVICE_INFO[dev] = info
     return info
 
@@ -168,6 +219,14 @@ def check_compute_capability(min_cc: tuple[int, int], what: str, dev: int | None
             f"{what} needs a GPU of compute capability >= {min_cc[0]}.{min_cc[1]}; "
             f"this GPU ({info.name}) has {info.cc[0]}.{info.cc[1]}"
         )
+
+
+def check_dtype_capability(dtype, what: str, dev: int | None = None) -> None:
+    """UnsupportedDeviceError naming the dtype, the capability it needs and the device's, where `dtype` (a name or a
+    NumPy dtype) needs more than this GPU has: bfloat16 below 8.0. The launchers of kernels that run from 7.5 call it."""
+    name = getattr(dtype, "name", str(dtype))
+    if name == "bfloat16":
+        check_compute_capability(BF16_MIN_CC, f"{what} in bfloat16", dev)
 
 
 def check_shared_memory(nbytes: int, what: str, dev: int | None = None) -> None:

@@ -24,7 +24,7 @@
 //       causal = 1 masks, 0 only scales.
 //
 // Minimum compute capability: plain loads and stores; `nvcc -arch=sm_75` (the oldest CUDA 13 targets) builds it. The
-// course runs it from 8.0, its launchers' minimum. It includes no header.
+// course runs it from 7.5 (a T4). It includes no header.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/cublas/cublas_attention.cu -o cublas_attention.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)

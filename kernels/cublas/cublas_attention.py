@@ -40,7 +40,8 @@ import functools
 
 import numpy as np
 
-from ..core import INT32_MAX, ceil_div, check_array, cp, current_device, get_kernel, require_gpu, validate_attention
+from ..core import (DEFAULT_MIN_CC, INT32_MAX, T4_CC, ceil_div, check_array, cp, current_device, get_kernel, require_gpu,
+                    validate_attention)
 from ..core.registry import Variant, register
 from ..basics.softmax import scaled_causal_softmax, softmax
 
@@ -203,7 +204,9 @@ def scale_causal_mask(s, *, scale: float, causal: bool) -> None:
 
 
 def _attention(q, k, v, *, causal, scale, tf32_scores, tf32_values, fused, softmax_block, what):
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D,
+    # TF32 tensor cores came with Ampere (8.0); the float32 path runs from 7.5 (a T4)
+    min_cc = DEFAULT_MIN_CC if (tf32_scores or tf32_values) else T4_CC
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, min_cc=min_cc,
                                                 what=what, scale=scale)
     check_scratch(scratch_bytes(B, H, Tq, Tk, d), what)
     s = cp.empty((B, H, Tq, Tk), dtype=cp.float32)
@@ -335,12 +338,14 @@ def fused_qkv_projection(x, wq, wk, wv, *, tf32=False):
     return outs
 
 
-def register_cublas(name: str, forward, dtypes: tuple, notebook: str, description: str, precision=None) -> None:
+def register_cublas(name: str, forward, dtypes: tuple, notebook: str, description: str, precision=None,
+                    min_cc=DEFAULT_MIN_CC) -> None:
     """Register a cuBLAS attention variant (any head size up to MAX_D) for the module that defines `forward`."""
-    register(Variant(name, forward, dtypes, notebook, MAX_D, precision=precision, description=description))
+    register(Variant(name, forward, dtypes, notebook, MAX_D, precision=precision, min_cc=min_cc,
+                     description=description))
 
 
-register_cublas("cublas_fp32", forward, ("float32",), "05_cublas_attention", precision="float32",
+register_cublas("cublas_fp32", forward, ("float32",), "05_cublas_attention", precision="float32", min_cc=T4_CC,
                 description="cuBLAS strided batched GEMMs + fused scale/causal softmax (llm.c v4), float32 compute")
 register_cublas("cublas_tf32", forward_tf32, ("float32",), "05_cublas_attention", precision="tf32",
                 description="llm.c v4 with O = P V on TF32 tensor cores (S = Q K^T stays float32: TF32 logits fail 2e-3)")

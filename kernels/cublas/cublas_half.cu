@@ -33,8 +33,9 @@
 //       VEC elements per access: hs % VEC == 0 and every pointer aligned to VEC elements (the launcher takes VEC = 8,
 //       16 bytes of 16-bit data, where it can, else 1)
 //
-// Minimum compute capability 8.0: cvt.rn.bf16.f32, cvt.rn.f16x2.f32 and cvt.rn.bf16x2.f32 need sm_80 (`nvcc
-// -arch=sm_75` fails on them). Includes ptx/mma_sync.cuh (pack2<BF16>), which includes ptx/common.cuh. 16-bit values
+// Minimum compute capability 7.5 for the float16 builds (below sm_80 pack2<false> is two cvt.rn.f16.f32), 8.0 for the
+// bfloat16 ones (cvt.rn.bf16.f32, cvt.rn.bf16x2.f32): the launcher compiles one module per 16-bit type. Includes
+// ptx/mma_sync.cuh (pack2<BF16>), which includes ptx/common.cuh. 16-bit values
 // are carried as their bit patterns (Float16, BFloat16 below), so no CUDA header is needed.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/cublas/cublas_half.cu -o cublas_half.o
@@ -46,6 +47,7 @@
 //     "unpermute<Float16, Float16, 1>" "unpermute<Float16, Float16, 8>" "unpermute<BFloat16, BFloat16, 1>"
 //     "unpermute<BFloat16, BFloat16, 8>" "unpermute<Float16, float, 1>" "unpermute<Float16, float, 8>"
 //     "unpermute<BFloat16, float, 1>" "unpermute<BFloat16, float, 8>"
+//   For a T4: --gpu-architecture=sm_75 with the Float16 and float-to-Float16 name expressions only.
 //
 // Limits: element indices are 64-bit, so a tensor may exceed 2^31 elements; B, T, NH, hs, Tq and Tk each fit an int.
 // Numerics: float32 arithmetic; exp2f with log2(e) folded into the scale; the max is subtracted before the exponential,

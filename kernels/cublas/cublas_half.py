@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import INT32_MAX, ceil_div, check_array, cp, get_kernel, require_gpu, validate_attention
+from ..core import (BF16_MIN_CC, INT32_MAX, T4_CC, ceil_div, check_array, check_dtype_capability, cp, get_kernel,
+                    require_gpu, validate_attention)
 from .cublas_attention import MAX_D, check_scratch, gemm_strided_batched, pv_gemm, qk_gemm, register_cublas
 
 KERNEL_FILE = "cublas_half.cu"
@@ -66,17 +67,24 @@ def _permute_expr(kernel: str, src: str, dst: str, vec: int) -> str:
     return f"{kernel}<{_CTYPE[src]}, {_CTYPE[dst]}, {vec}>"
 
 
-# Every template instantiation, compiled together as ONE module (one NVRTC compile per process).
-NAME_EXPRESSIONS = tuple(
-    [_softmax_expr(t) for t in HALF_DTYPES]
-    + [_permute_expr("permute_qkv", a, b, vec) for a, b in _PERMUTE_PAIRS for vec in (1, PERMUTE_VEC)]
-    + [_permute_expr("unpermute", a, b, vec) for a, b in _UNPERMUTE_PAIRS for vec in (1, PERMUTE_VEC)]
-)
-NVRTC_BUILDS = [(NAME_EXPRESSIONS, ())]  # for tests/test_compile.py
+# The template instantiations of each 16-bit type, compiled together as one module (one NVRTC compile per type and
+# process): the float16 module builds for 7.5 (a T4), the bfloat16 one needs 8.0 (cvt.rn.bf16.f32).
+NAME_EXPRESSIONS = {
+    half: tuple([_softmax_expr(half)]
+                + [_permute_expr("permute_qkv", a, b, vec) for a, b in _PERMUTE_PAIRS if half in (a, b)
+                   for vec in (1, PERMUTE_VEC)]
+                + [_permute_expr("unpermute", a, b, vec) for a, b in _UNPERMUTE_PAIRS if half in (a, b)
+                   for vec in (1, PERMUTE_VEC)])
+    for half in HALF_DTYPES}
+NVRTC_BUILDS = [(NAME_EXPRESSIONS[half], ()) for half in HALF_DTYPES]  # for tests/test_compile.py
+SM75_BUILDS = [(NAME_EXPRESSIONS["float16"], ())]  # what a T4 builds (tests/test_sm75.py)
 
 
-def _kernel(expr: str):
-    return get_kernel(KERNEL_FILE, expr, name_expressions=NAME_EXPRESSIONS)
+def _kernel(expr: str, half: str):
+    """The Kernel `expr` of the module of the 16-bit type `half`; UnsupportedDeviceError for bfloat16 below 8.0."""
+    if half == "bfloat16":
+        check_dtype_capability(half, "cuBLAS 16-bit attention")
+    return get_kernel(KERNEL_FILE, expr, name_expressions=NAME_EXPRESSIONS[half])
 
 
 def half_dtype(dtype, name: str = "dtype") -> str:
@@ -121,7 +129,7 @@ def softmax_half(s, *, scale: float, causal: bool = True, dtype="float16", out=N
     if grid > MAX_GRID_X:
         raise ValueError(f"{rows} rows need {grid} blocks; the grid allows at most {MAX_GRID_X}")
     vec = int(Tk % 4 == 0 and s.data.ptr % 16 == 0 and out.data.ptr % 16 == 0)
-    _kernel(_softmax_expr(dtype))(
+    _kernel(_softmax_expr(dtype), dtype)(
         (grid,), (SOFTMAX_BLOCK,),
         (out, s, np.int64(rows), np.int32(Tq), np.int32(Tk), np.float32(scale), np.int32(bool(causal)),
          np.int32(vec)))
@@ -139,7 +147,9 @@ def forward(q, k, v, *, causal=False, scale=None):
     (B, H, Tq, d) in the same dtype. S is float32, P is the input dtype (see the module docstring).
     """
     what = "cuBLAS 16-bit attention"
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=HALF_DTYPES, max_d=MAX_D, what=what, scale=scale)
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=HALF_DTYPES, max_d=MAX_D, min_cc=T4_CC, what=what,
+                                                scale=scale)
+    check_dtype_capability(q.dtype, what)
     check_scratch(scratch_bytes(B, H, Tq, Tk, d), what)
     s = cp.empty((B, H, Tq, Tk), dtype=cp.float32)
     qk_gemm(q, k, s, 1.0, False)                                     # S = Q K^T: 16-bit in, float32 out
@@ -154,9 +164,9 @@ def forward(q, k, v, *, causal=False, scale=None):
 # llm.c's layout: packed (B, T, 3C) activations
 # ---------------------------------------------------------------------------------------------
 
-def _permute_launch(expr, total_chunks, args):
+def _permute_launch(expr, half, total_chunks, args):
     grid = max(1, min(ceil_div(total_chunks, PERMUTE_BLOCK), PERMUTE_MAX_GRID))
-    _kernel(expr)((grid,), (PERMUTE_BLOCK,), args)
+    _kernel(expr, half)((grid,), (PERMUTE_BLOCK,), args)
 
 
 def _vec(hs, arrays):
@@ -194,7 +204,7 @@ def permute_qkv(inp, NH, *, dtype=None):
     qkv = cp.empty((3, B, NH, T, hs), dtype=dtype)
     q, k, v = qkv[0], qkv[1], qkv[2]
     vec = _vec(hs, (inp, q, k, v))
-    _permute_launch(_permute_expr("permute_qkv", src, dtype, vec), B * NH * T * (hs // vec),
+    _permute_launch(_permute_expr("permute_qkv", src, dtype, vec), dtype, B * NH * T * (hs // vec),
                     (q, k, v, inp, np.int32(B), np.int32(T), np.int32(NH), np.int32(hs)))
     return q, k, v
 
@@ -210,7 +220,7 @@ def unpermute(o, *, dtype=None):
         raise ValueError(f"o must have every dimension >= 1; got shape {o.shape}")
     out = cp.empty((B, T, NH * hs), dtype=dst)
     vec = _vec(hs, (o, out))
-    _permute_launch(_permute_expr("unpermute", o.dtype.name, dst, vec), B * NH * T * (hs // vec),
+    _permute_launch(_permute_expr("unpermute", o.dtype.name, dst, vec), o.dtype.name, B * NH * T * (hs // vec),
                     (out, o, np.int32(B), np.int32(T), np.int32(NH), np.int32(hs)))
     return out
 
@@ -259,9 +269,9 @@ def batched_matmul(a, b):
     return c
 
 
-register_cublas("cublas_fp16", forward, ("float16",), "06_fp16_tensor_cores",
+register_cublas("cublas_fp16", forward, ("float16",), "06_fp16_tensor_cores", min_cc=T4_CC,
                 description="llm.c v5/v6: float16 cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + "
                             "fused softmax")
-register_cublas("cublas_bf16", forward, ("bfloat16",), "06_fp16_tensor_cores",
+register_cublas("cublas_bf16", forward, ("bfloat16",), "06_fp16_tensor_cores", min_cc=BF16_MIN_CC,
                 description="llm.c v5/v6 in bfloat16: cuBLAS GEMMs on tensor cores (float32 S, float32 accumulation) + "
                             "fused softmax")

@@ -49,7 +49,7 @@
 //     Tq, Tk, d     lengths (query rows, keys, head size <= 128)
 //     scale         the softmax scale in natural units (e.g. 1/sqrt(d)); causal: 0 or 1
 //
-// Minimum compute capability: none beyond plain CUDA (no PTX header; it builds for sm_75 too, the course runs sm_80+).
+// Minimum compute capability: none beyond plain CUDA (no PTX header; it builds for sm_75: the course runs it from a T4 on).
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash1.cu -o flash1.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80 (extern "C" kernels: no name expressions)

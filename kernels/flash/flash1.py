@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import MAX_GRID_X, ceil_div, check_grid, cp, get_kernel, validate_attention
+from ..core import MAX_GRID_X, T4_CC, ceil_div, check_grid, cp, get_kernel, validate_attention
 from ..core.registry import Variant, register
 
 KERNEL_FILE = "flash1.cu"
@@ -70,7 +70,8 @@ def kernel():
 
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False):
     """softmax(scale q k^T) v in the FlashAttention-1 loop order; optionally also the LSE."""
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, what=WHAT, scale=scale)
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=("float32",), max_d=MAX_D, min_cc=T4_CC, what=WHAT,
+                                                scale=scale)
     check_grid(B * H, WHAT, MAX_GRID_X)
     o = cp.empty((B, H, Tq, d), dtype=cp.float32)
     l_hbm = cp.empty((B, H, Tq), dtype=cp.float32)  # initialised by the kernel
@@ -83,5 +84,5 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False):
     return (o, lse) if return_lse else o
 
 
-register(Variant("flash1", forward, ("float32",), "03_flash_attention_1", MAX_D, has_lse=True,
+register(Variant("flash1", forward, ("float32",), "03_flash_attention_1", MAX_D, has_lse=True, min_cc=T4_CC,
                  description="FlashAttention-1 loop order: K/V tiles outer, O/l/m round trip through HBM per tile (llm.c v2 made right)"))

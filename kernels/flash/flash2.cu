@@ -41,11 +41,13 @@
 //     causal       0 or 1
 //     vec4         1: 16-byte loads and stores (needs d % 4 == 0 and 16-byte aligned q, k, v, o); 0: scalar ones
 //
-// Needs sm_80 (cp.async). PTX headers: ptx/common.cuh (smem_addr, exp2_ftz), ptx/cp_async.cuh.
+// Runs from sm_75 (a T4): cp.async from sm_80, ptx/cp_async.cuh's synchronous copies below (the same calls); the
+// launcher's SMALL_TILES fit a T4's 64 KB. PTX headers: ptx/common.cuh (smem_addr, exp2_ftz), ptx/cp_async.cuh.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2.cu -o flash2.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
 //     "flash2_forward<32, 64, 64, 4, 8>" "flash2_forward<64, 64, 64, 4, 8>" "flash2_forward<128, 64, 32, 4, 4>"
+//   For a T4: -arch=sm_75 (nvcc) or --gpu-architecture=sm_75 (NVRTC), the same name expressions.
 //
 // Limits
 //   d <= 128. Tq <= 65535 * BR (grid.y). q and k hold at most 2^31 - 1 elements (32-bit offsets).

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..core import (I32, MAX_GRID_X, MAX_GRID_YZ, Launch, attention_launch, ceil_div, check_grid, defines_from,
-                    dtype_set, get_kernel, launch_cache, validate_attention)
+from ..core import (I32, MAX_GRID_X, MAX_GRID_YZ, T4_CC, Launch, attention_launch, ceil_div, check_grid, defines_from,
+                    device_info, dtype_set, get_kernel, launch_cache, validate_attention)
 from ..core.registry import Variant, register
 
 KERNEL_FILE = "flash2.cu"
@@ -76,6 +76,12 @@ TILES = {
     64: Flash2Tile(64, 64, 4, 8),  # 128 threads, 69 KB shared memory
     128: Flash2Tile(64, 32, 4, 4),  # 128 threads, 76 KB shared memory
 }
+# Where a GPU allows less shared memory per block than TILES[D] needs (64 KB on a T4), the smaller tile: half the
+# query rows per block, two rows per thread instead of four (still 128 threads).
+SMALL_TILES = {
+    64: Flash2Tile(32, 64, 2, 8),  # 128 threads, 51 KB shared memory
+    128: Flash2Tile(32, 32, 2, 4),  # 128 threads, 55 KB shared memory
+}
 
 
 def name_expression(D: int, tile: Flash2Tile) -> str:
@@ -83,16 +89,30 @@ def name_expression(D: int, tile: Flash2Tile) -> str:
 
 
 # What tests/test_compile.py compiles with NVRTC on a CPU-only machine: every build the launcher uses.
-NVRTC_BUILDS = [((name_expression(D, TILES[D]),), DEFINES) for D in HEAD_DIMS]
+NVRTC_BUILDS = [((name_expression(D, TILES[D]),), DEFINES) for D in HEAD_DIMS] + \
+               [((name_expression(D, SMALL_TILES[D]),), DEFINES) for D in SMALL_TILES]
+
+
+def default_tile(D: int, smem_limit: int) -> Flash2Tile:
+    """TILES[D], or SMALL_TILES[D] where TILES[D] needs more than `smem_limit` bytes of shared memory per block."""
+    tile = TILES[D]
+    if tile.smem_bytes(D) > smem_limit and D in SMALL_TILES:
+        tile = SMALL_TILES[D]
+    return tile
 
 
 @functools.lru_cache(maxsize=None)
-def build(D: int, tile: tuple | None):
-    """(Kernel, Flash2Tile, shared-memory bytes) of one build; checked once, compiled on its first launch."""
-    tile = TILES[D] if tile is None else Flash2Tile(*tile)
+def build(D: int, tile: tuple | None, smem_limit: int | None = None):
+    """(Kernel, Flash2Tile, shared-memory bytes) of one build; checked once, compiled on its first launch.
+    tile None: the default for a GPU that allows `smem_limit` bytes of shared memory per block (None: no limit);
+    ValueError naming D, the tile and the limit where the tile does not fit."""
+    tile = (TILES[D] if smem_limit is None else default_tile(D, smem_limit)) if tile is None else Flash2Tile(*tile)
     tile.check(D)
     expr = name_expression(D, tile)
     smem = tile.smem_bytes(D)
+    if smem_limit is not None and smem > smem_limit:
+        raise ValueError(f"{WHAT}: tile (BR, BC, TM, TN) = {tuple(tile)} for D={D} needs {smem} bytes of shared "
+                         f"memory per block; this GPU allows at most {smem_limit} (pass a smaller tile)")
     # The largest shared-memory carveout, so that as many blocks fit on an SM as the shared memory allows; left
     # to itself, the driver may configure less for a kernel that needs under 48 KB.
     kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=DEFINES, shared_mem=smem,
@@ -104,7 +124,8 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None):
     """softmax(scale q k^T) v, FlashAttention-2 loop order, O in registers; optionally also the LSE.
 
     tile: optional Flash2Tile (or (BR, BC, TM, TN)) instead of TILES[D] (for experiments; checked like the
-    static_asserts).
+    static_asserts). By default TILES[D], or SMALL_TILES[D] on a GPU whose shared memory per block is too small for
+    it (a T4's 64 KB); a tile that does not fit the GPU raises ValueError.
     """
     return attention_launch(_CALLS, _prepare, q, k, v, VEC_ALIGN, (causal, scale, tile), return_lse)
 
@@ -117,8 +138,9 @@ def _prepare(q, k, v, dev, causal, scale, tile):
     """Validate q, k, v and return (Launch, o shape, o dtype, lse shape): one problem's launch, made once.
     Any base address is accepted; the kernel reads float4 vectors only where d % 4 == 0 and q, k, v start at 16-byte
     boundaries (o and lse come from CuPy's allocator, which aligns to at least 256 bytes)."""
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, what=WHAT, scale=scale)
-    kernel, tile, smem = build(BUILD_FOR[d], None if tile is None else tuple(tile))
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=T4_CC, what=WHAT,
+                                                scale=scale)
+    kernel, tile, smem = build(BUILD_FOR[d], None if tile is None else tuple(tile), device_info(dev).smem_optin)
     grid_y = ceil_div(Tq, tile.BR)
     check_grid(grid_y, WHAT, MAX_GRID_YZ, "y")
     check_grid(B * H, WHAT, MAX_GRID_X)
@@ -127,5 +149,5 @@ def _prepare(q, k, v, dev, causal, scale, tile):
     return Launch(kernel, (B * H, grid_y), (tile.threads,), smem, 5, tail, dev), (B, H, Tq, d), q.dtype, (B, H, Tq)
 
 
-register(Variant("flash2_fp32", forward, ("float32",), "04_flash_attention_2", MAX_D, has_lse=True,
+register(Variant("flash2_fp32", forward, ("float32",), "04_flash_attention_2", MAX_D, has_lse=True, min_cc=T4_CC,
                  description="FlashAttention-2 on CUDA cores: a Q tile per block, O in registers, 4x8 register micro-tiles"))

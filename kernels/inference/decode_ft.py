@@ -39,8 +39,8 @@ import math
 
 import numpy as np
 
-from ..core import (MAX_GRID_X, Launch, check_compute_capability, check_grid, cp, current_device, defines_from,
-                    device_info, get_kernel, launch_cache)
+from ..core import (MAX_GRID_X, T4_CC, Launch, bf16_needs_80, check_compute_capability, check_dtype_capability,
+                    check_grid, cp, current_device, defines_from, device_info, get_kernel, launch_cache)
 from .decode_common import check_indices_on_gpu, decode_key, decode_scale, prepared_entry, validate_decode
 from ..core.registry import DecodeVariant, register_decode
 
@@ -78,6 +78,7 @@ def name_expression(d: int, dtype: str, tpk: int, ft_layout: bool) -> str:
 BUILDS = [(d, dt, DEFAULT_TPK, ft) for d in HEAD_DIMS for dt in DTYPES for ft in (False, True)] + \
          [(128, "float16", tpk, ft) for tpk in (1, 2, 8, 16) for ft in (False, True)]
 NVRTC_BUILDS = [(tuple(name_expression(*b) for b in BUILDS), DEFINES)]
+SM75_BUILDS = [(tuple(name_expression(*b) for b in BUILDS if b[1] != "bfloat16"), DEFINES)]  # tests/test_sm75.py
 
 
 def max_cache_len(dev: int | None = None) -> int:
@@ -128,8 +129,9 @@ def _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, thr
     if isinstance(tpk, bool) or tpk not in tpk_choices(d, q.dtype):
         raise ValueError(f"threads_per_key={tpk!r} must be one of {tpk_choices(d, q.dtype)} for d={d}, {q.dtype}")
     info = device_info(dev)
-    if info.cc < (8, 0):
-        check_compute_capability((8, 0), WHAT, dev)
+    if info.cc < T4_CC:  # float32 and float16 run from 7.5 (a T4); bfloat16 needs 8.0
+        check_compute_capability(T4_CC, WHAT, dev)
+    check_dtype_capability(q.dtype, WHAT, dev)
     smem_limit = info.smem_optin - STATIC_SMEM_RESERVE
     smem = -(-4 * Tmax // 16) * 16
     if smem > smem_limit:
@@ -164,7 +166,8 @@ def decode(q, k_cache, v_cache, seqlens_k, *, scale=None, block_table=None, num_
     return (o, lse) if return_lse else o
 
 
-register_decode(DecodeVariant("decode_ft", decode, DTYPES, "08_decoding_kv_cache", HEAD_DIMS, MAX_TQ,
+register_decode(DecodeVariant("decode_ft", decode, DTYPES, "08_decoding_kv_cache", HEAD_DIMS, MAX_TQ, min_cc=T4_CC,
+                              dtype_min_cc=bf16_needs_80(DTYPES),
                               description="FasterTransformer's decoder attention: a block per query row, q in registers, "
                               "16-byte loads, warp-shuffle dot products, logits in shared memory, block softmax, value "
                               "pass; plain or FT key layout"))

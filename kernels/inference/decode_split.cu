@@ -50,13 +50,15 @@
 //   the merge writes o and lse. arrivals: B * Hkv * RC unsigned ints, zero before the first launch and left zero;
 //   nullptr: launch decode_combine after. row_chunks = RC; scale_log2 = scale * log2(e) (scale usually 1 / sqrt(D)).
 //
-// Requires sm_80 or newer (cp.async, ldmatrix, bfloat16 mma.sync, __reduce_or_sync). PTX headers: ptx/common.cuh,
+// decode_split_mma and the bfloat16 builds need sm_80 (cp.async, mma.sync, __reduce_or_sync, cvt.rn.bf16.f32);
+// decode_split_kv and decode_combine in float16 build for sm_75 (a T4). PTX headers: ptx/common.cuh,
 // ptx/cp_async.cuh, ptx/mma_sync.cuh (copy kernels/ptx/ with this file).
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/inference/decode_split.cu -o decode_split.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
 //     "decode_split_kv<128, 1, 8, false>" "decode_split_kv<128, 4, 4, true>"
 //     "decode_split_mma<128, false>" "decode_split_mma<64, true>" "decode_combine<128, false>"
+//   For a T4: --gpu-architecture=sm_75 with the float16 decode_split_kv and decode_combine names only.
 // Host-side example: kernels/examples/decode_split_host.cu (contiguous cache, decode_split_mma, both merges).
 //
 // Limits (checked by the launcher): D in {64, 128}; Tq * G rows per KV head (beyond RB: RC row chunks); q, k, v
@@ -526,7 +528,12 @@ DEVICE u32 load_kv_tile(u32 k_tile, u32 v_tile, const u16* __restrict__ k_cache,
         cp_async_16(v_tile + tile_offset<D>(r, c), v_src + step, ok);
         ok_bits |= static_cast<u32>(ok) << r;
     }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     return __reduce_or_sync(FULL_MASK, ok_bits);
+#else  // no REDUX before sm_80; decode_split_mma is built from 8.0 only, but the file's sm_75 build must compile it
+    for (int off = WARP_SIZE / 2; off > 0; off /= 2) ok_bits |= __shfl_xor_sync(FULL_MASK, ok_bits, off);
+    return ok_bits;
+#endif
 }
 
 // Step 3: the scores of one tile, s[nt] = q K^T for keys key0 + 8 nt .. + 7, in the mma's C layout: lane 4g + t holds

@@ -62,8 +62,9 @@ import math
 
 import numpy as np
 
-from ..core import (MAX_GRID_X, Launch, ceil_div, check_compute_capability, check_grid, cp, current_device,
-                    defines_from, device_info, get_kernel, launch_cache)
+from ..core import (DEFAULT_MIN_CC, MAX_GRID_X, T4_CC, Launch, bf16_needs_80, ceil_div, check_compute_capability,
+                    check_dtype_capability, check_grid, cp, current_device, defines_from, device_info, get_kernel,
+                    launch_cache)
 from ..core import blocks_per_sm as resident_blocks
 from .decode_common import (PAGE_SIZES, check_indices_on_gpu, decode_key, decode_scale, prepared_entry,
                             validate_decode)
@@ -137,14 +138,18 @@ def combine_expression(D: int, dtype: str) -> str:
 NVRTC_BUILDS = [(tuple([name_expression(D, RB, dt) for D in HEAD_DIMS for RB in ROW_BUILDS for dt in DTYPES]
                        + [mma_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]
                        + [combine_expression(D, dt) for D in HEAD_DIMS for dt in DTYPES]), DEFINES)]
+# What a T4 builds (_kernels with mma_ok=False, float16 only; tests/test_sm75.py)
+SM75_BUILDS = [(tuple([name_expression(D, RB, "float16") for D in HEAD_DIMS for RB in ROW_BUILDS]
+                      + [combine_expression(D, "float16") for D in HEAD_DIMS]), DEFINES)]
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(D: int, RB: int, dtype: str):
+def _kernels(D: int, RB: int, dtype: str, mma_ok: bool = True):
     """(split kernel, combine kernel) of one build; RB = MMA_ROWS is the tensor-core kernel. The first launch compiles
-    every split kernel of (D, dtype) and its combine in one NVRTC program (one compile instead of six)."""
-    exprs = tuple(name_expression(D, rb, dtype) for rb in ROW_BUILDS) + (mma_expression(D, dtype),
-                                                                          combine_expression(D, dtype))
+    every split kernel of (D, dtype) and its combine in one NVRTC program (one compile instead of six); without
+    mma_ok (a GPU below 8.0: no mma.m16n8k16, no cp.async) the program leaves decode_split_mma out."""
+    mma = (mma_expression(D, dtype),) if mma_ok else ()
+    exprs = tuple(name_expression(D, rb, dtype) for rb in ROW_BUILDS) + mma + (combine_expression(D, dtype),)
     if RB == MMA_ROWS:
         split = get_kernel(KERNEL_FILE, mma_expression(D, dtype), name_expressions=exprs, defines=DEFINES,
                            shared_mem=mma_smem_bytes(D), carveout=CARVEOUT_MAX_SHARED)
@@ -160,7 +165,8 @@ def blocks_per_sm(D: int, RB: int, dtype: str, dev: int) -> int:
     and dynamic shared memory), read from the compiled kernel once; DEFAULT_BLOCKS_PER_SM where the attributes
     cannot be read."""
     smem = mma_smem_bytes(D) if RB == MMA_ROWS else 0
-    return resident_blocks(_kernels(D, RB, dtype)[0], DECODE_WARPS * 32, smem, dev) or DEFAULT_BLOCKS_PER_SM
+    kernel = _kernels(D, RB, dtype, device_info(dev).cc >= DEFAULT_MIN_CC)[0]
+    return resident_blocks(kernel, DECODE_WARPS * 32, smem, dev) or DEFAULT_BLOCKS_PER_SM
 
 
 def choose_num_splits(blocks: int, n_keys: int, slots: int, *, tile: int, max_splits: int = MAX_SPLITS,
@@ -249,11 +255,14 @@ def _prepare(q, k_cache, v_cache, seqlens_k, block_table, scale, num_splits, ten
         num_splits = int(num_splits)
     if tensor_cores is not True and tensor_cores is not False:
         raise ValueError(f"tensor_cores must be True or False; got {tensor_cores!r}")
-    if device_info(dev).cc < (8, 0):
-        check_compute_capability((8, 0), WHAT, dev)
+    mma_ok = device_info(dev).cc >= DEFAULT_MIN_CC
+    if not mma_ok:  # decode_split_kv runs from 7.5 (a T4) in float16; the tensor-core kernel and bfloat16 need 8.0
+        check_compute_capability(DEFAULT_MIN_CC if tensor_cores else T4_CC,
+                                 WHAT + (" with tensor_cores=True (decode_split_mma)" if tensor_cores else ""), dev)
+        check_dtype_capability(q.dtype, WHAT, dev)
     dtype = q.dtype.name
     RB, RC, KT, S = plan(B, Hq, Tq, d, Hkv, capacity, dtype, num_splits, dev, tensor_cores)
-    split_kernel, combine_kernel = _kernels(d, RB, dtype)
+    split_kernel, combine_kernel = _kernels(d, RB, dtype, mma_ok)
     check_grid(S * RC, WHAT, MAX_GRID_X)
     paged = block_table is not None
     page_shift = cache_rows.bit_length() - 1 if paged else 0
@@ -333,5 +342,6 @@ for _name, _decode, _description in (
          "the last block of each group; paged")):
     register_decode(DecodeVariant(name=_name, decode=_decode, dtypes=DTYPES, notebook="08_decoding_kv_cache",
                                   head_dims=HEAD_DIMS, max_tq=MAX_TQ, paged=True, page_sizes=PAGE_SIZES, splits=True,
-                                  description=_description))
+                                  min_cc=DEFAULT_MIN_CC if _decode is decode_tensor_cores else T4_CC,
+                                  dtype_min_cc=bf16_needs_80(DTYPES), description=_description))
 del _name, _decode, _description

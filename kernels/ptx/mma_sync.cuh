@@ -13,7 +13,8 @@
 //                               in r[i] (an A fragment, or the B fragments of two n-tiles)
 //   ldmatrix_x4_trans(r, addr)  the same, transposed: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
 //   mma_16816<BF16>(d, a, b0, b1)   d (16x8 float32) += a (16x16) * b (16x8), float16 or (BF16) bfloat16 operands
-//   pack2<BF16>(lo, hi)         two floats -> one register of two 16-bit values, lo in the low half (round to nearest)
+//   pack2<BF16>(lo, hi)         two floats -> one register of two 16-bit values, lo in the low half (round to nearest;
+//                               float16 builds for sm_75 too, with two cvt.rn.f16.f32: kernels/cublas/cublas_half.cu)
 //   st_shared_u32, ld_shared_v4 4 bytes to and 16 bytes from a shared-window address
 #ifndef COURSE_PTX_MMA_SYNC_CUH
 #define COURSE_PTX_MMA_SYNC_CUH
@@ -54,7 +55,14 @@ DEVICE u32 pack2(float lo, float hi) {
     if constexpr (BF16) {
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800  // no cvt.rn.f16x2.f32 before sm_80: two conversions, one move
+        u16 l, h;
+        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(l) : "f"(lo));
+        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(hi));
+        asm("mov.b32 %0, {%1, %2};\n" : "=r"(r) : "h"(l), "h"(h));
+#else
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
     }
     return r;
 }

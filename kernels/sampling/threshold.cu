@@ -45,7 +45,7 @@
 //   beam_lse(logits, V, lse)                  lse = M + log sum exp(x - M) (pass 1 alone)
 //   philox_uniforms(out, seed, offset, n)     out[i] = u(seed, row i, offset), the uniforms the rows draw
 //
-// Requirements: sm_80 (cp.async); sample_cluster sm_90 (compiled for an older GPU its body is a trap). Includes
+// Requirements: sm_75 (cp.async from sm_80, plain copies below); sample_cluster sm_90 (compiled for an older GPU its body is a trap). Includes
 //   ptx/cp_async.cuh (and through it ptx/common.cuh): copy kernels/ptx/ with this file.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/sampling/threshold.cu -o threshold.o

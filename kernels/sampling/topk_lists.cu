@@ -40,7 +40,7 @@
 //     has cum = -inf
 //   reorder_rows(src, dst, parent, K, rows, chunks_per_row)   parent clamped to [0, K); dst must not overlap src
 //
-// Requirements: any GPU of the course (sm_80 and newer; nothing architecture-specific); includes no PTX header.
+// Requirements: any GPU of the course (sm_75, a T4, and newer; nothing architecture-specific); includes no PTX header.
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/sampling/topk_lists.cu -o topk_lists.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
