@@ -47,21 +47,15 @@ def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")  # a pytest-xdist worker: its controller prebuilds and records
 
 
-def _build_lists():
-    from kernels.core import prebuild
-
-    return prebuild.DEFAULT_LIST, prebuild.DEFAULT_LIST.with_name("test-builds.json")
-
-
 def pytest_sessionstart(session):
     config = session.config
     if config.getoption("--no-prebuild", default=True) or _is_worker(config):
         return
     from kernels.core import gpu_unavailable_reason, prebuild
 
-    lists = [p for p in _build_lists() if p.is_file()]
-    if gpu_unavailable_reason() is None and lists:
-        prebuild.prebuild([r for p in lists for r in prebuild.read_builds(p)], log=lambda s: print("\n" + s))
+    records = prebuild.course_builds()
+    if gpu_unavailable_reason() is None and records:
+        prebuild.prebuild(records, log=lambda s: print("\n" + s))
 
 
 def _start_recording(config) -> None:
@@ -80,7 +74,7 @@ def pytest_sessionfinish(session):
 
         records = prebuild.read_builds(log)
         if records:  # nothing compiled (no GPU): keep the list as it is
-            prebuild.write_builds(_build_lists()[1], records)
+            prebuild.write_builds(prebuild.TEST_LIST, records)
         os.unlink(log)
 
 

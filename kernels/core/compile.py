@@ -153,9 +153,25 @@ def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: 
 BUILD_LOG_ENV = "COURSE_BUILD_LOG"
 
 
+CUDA_HEADERS = "@cuda_headers"  # stands for cuda_header_options() in a build record: those are this machine's paths
+
+
 def build_record(filename: str, name_expressions=(), defines=(), arch: str | None = None) -> dict:
-    """One build as load_module's arguments, in the form the build log and results/builds.json hold."""
-    return {"file": filename, "names": list(name_expressions), "defines": list(defines), "arch": arch}
+    """One build as load_module's arguments, in the form the build log and results/builds.json hold (the CUDA header
+    directories of cuda_header_options(), which differ from machine to machine, as one CUDA_HEADERS entry)."""
+    machine = set(cuda_header_options())
+    kept = [d for d in defines if d not in machine]
+    if len(kept) < len(defines):
+        kept.append(CUDA_HEADERS)
+    return {"file": filename, "names": list(name_expressions), "defines": kept, "arch": arch}
+
+
+def build_arguments(record: dict) -> tuple:
+    """load_module's arguments for a build record (the inverse of build_record on this machine)."""
+    defines = []
+    for d in record["defines"]:
+        defines += cuda_header_options() if d == CUDA_HEADERS else [d]
+    return record["file"], tuple(record["names"]), tuple(defines), record["arch"]
 
 
 def _log_build(filename, name_expressions, defines, arch) -> None:

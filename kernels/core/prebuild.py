@@ -1,6 +1,6 @@
 """Compile a list of kernel builds in parallel processes, so that a long run finds them in the compile cache.
 
-    python3 -m kernels.core.prebuild                       # the builds the notebooks use (results/builds.json)
+    python3 -m kernels.core.prebuild                       # the notebooks' and the tests' builds (results/)
     python3 -m kernels.core.prebuild my-builds.json -j 4   # another list, on 4 processes
 
 A kernel build (one kernel file, its template instantiations and -D defines, compiled by NVRTC) takes one to a few
@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_LIST = ROOT / "results" / "builds.json"
+DEFAULT_LIST = ROOT / "results" / "builds.json"  # the notebooks' builds (notebooks/run_all.py writes it)
+TEST_LIST = ROOT / "results" / "test-builds.json"  # the default test grid's (pytest --record-builds writes it)
+
+
+def course_builds() -> list[dict]:
+    """The builds of both lists that exist: what a run of the notebooks and the tests compiles."""
+    return [r for path in (DEFAULT_LIST, TEST_LIST) if path.is_file() for r in read_builds(path)]
 
 
 def read_builds(path: Path) -> list[dict]:
@@ -45,10 +51,10 @@ def write_builds(path: Path, records: list[dict]) -> None:
 
 def _build_one(record: dict) -> tuple[str, str | None]:
     """(file, None) once the build is compiled and in the cache, or (file, the reason it could not be)."""
-    from kernels.core.compile import load_module
+    from kernels.core.compile import build_arguments, load_module
 
     try:
-        load_module(record["file"], tuple(record["names"]), tuple(record["defines"]), record["arch"])
+        load_module(*build_arguments(record))
         return record["file"], None
     except Exception as e:  # a build for another GPU, a file renamed since the list was made, ...
         return record["file"], f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
@@ -86,14 +92,18 @@ def prebuild(records: list[dict], jobs: int | None = None, log=print) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m kernels.core.prebuild", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("builds", nargs="?", type=Path, default=DEFAULT_LIST,
-                   help="the list of builds (default: results/builds.json, the builds the notebooks use)")
+    p.add_argument("builds", nargs="?", type=Path, default=None,
+                   help="a list of builds (default: results/builds.json and results/test-builds.json)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="processes (default: one per CPU core)")
     args = p.parse_args(argv)
-    if not args.builds.is_file():
+    if args.builds is not None and not args.builds.is_file():
         print(f"no list of builds at {args.builds}", file=sys.stderr)
         return 2
-    prebuild(read_builds(args.builds), args.jobs)
+    records = read_builds(args.builds) if args.builds is not None else course_builds()
+    if not records:
+        print("no builds listed: run notebooks/run_all.py or pytest --record-builds on a GPU first", file=sys.stderr)
+        return 2
+    prebuild(records, args.jobs)
     return 0
 
 
