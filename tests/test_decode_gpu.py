@@ -186,6 +186,8 @@ def test_split_heuristic_plan(gpu):
     for tc in (False, True):
         *_, S_big = decode_split.plan(256, 32, 1, 128, 32, 2048, "float16", tensor_cores=tc)
         assert S_big == 1
+    if info.cc < (8, 0):  # below 8.0 (a T4) decode() runs only the CUDA-core kernel: no tensor-core plan to check
+        return
     RB, RC, KT, S = decode_split.plan(1, 32, 1, 128, 8, 32768, "float16")  # the default: tensor cores
     assert (RB, RC, KT) == (16, 1, 64) and 1 < S <= decode_split.MAX_SPLITS
     assert 8 * S >= 0.9 * info.sm_count  # one block per SM, within the model's 10% tolerance

@@ -46,7 +46,7 @@ SWEEP_DEFAULT = {64: [(128, 64, 8, 8), (32, 64, 4, 8), (64, 32, 4, 4)], 128: SWE
                                                  marks=() if t in SWEEP_DEFAULT[D] else (pytest.mark.full_grid,))
                                     for i, (D, t) in enumerate((D, t) for D, ts in SWEEP_TILES.items() for t in ts)])
 def test_flash2_sweep_tiles(gpu, poison, D, tile):
-    if F2.Flash2Tile(*tile).smem_bytes(D) > kernels.max_shared_memory_optin():  # a T4's 64 KB (test_sm75_gpu.py)
+    if F2.Flash2Tile(*tile).smem_bytes(D) > kernels.core.max_shared_memory_optin():  # a T4's 64 KB (test_sm75_gpu.py)
         pytest.skip(f"tile {tile} for D={D} needs more shared memory per block than this GPU allows")
     cp = gpu
     for (Tq, Tk), d, causal in [((33, 33), D, True), ((100, 257), D - 28, False), ((257, 100), D, True),

@@ -52,7 +52,7 @@ def test_simulated_run(gpu, test_file):
     k, at_least = SIMULATED_RUNS[test_file]
     env = dict(os.environ, COURSE_SIMULATE_CC="7.5",
                PYTHONPATH=os.pathsep.join([os.fspath(ROOT / "tests"), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "sm75_plugin", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "sm75_plugin", "-p", "no:cacheprovider", "--no-prebuild",
            os.fspath(ROOT / "tests" / test_file)] + (["-k", k] if k else [])
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     tail = (res.stdout + res.stderr)[-6000:]

@@ -147,7 +147,8 @@ def forward(q, k, v, *, causal=False, scale=None):
     (B, H, Tq, d) in the same dtype. S is float32, P is the input dtype (see the module docstring).
     """
     what = "cuBLAS 16-bit attention"
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=HALF_DTYPES, max_d=MAX_D, min_cc=T4_CC, what=what,
+    min_cc = BF16_MIN_CC if str(getattr(q, "dtype", "")) == "bfloat16" else T4_CC  # float16 runs on a T4
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=HALF_DTYPES, max_d=MAX_D, min_cc=min_cc, what=what,
                                                 scale=scale)
     check_dtype_capability(q.dtype, what)
     check_scratch(scratch_bytes(B, H, Tq, Tk, d), what)
