@@ -63,6 +63,14 @@ def _cuda_include_dir():
 
 
 def nvrtc_compile(source: str, name: str, arch: str, options=(), name_expressions=()):
+    """(ok, NVRTC's log) of one build: the result of compile_ahead's run where it started this build, else compiled now."""
+    ahead = _AHEAD.pop(("nvrtc", source, name, arch, tuple(options), tuple(name_expressions)), None)
+    if ahead is not None:
+        return ahead.result()
+    return _nvrtc_compile(source, name, arch, options, name_expressions)
+
+
+def _nvrtc_compile(source: str, name: str, arch: str, options=(), name_expressions=()):
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
     inc = _cuda_include_dir()
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(o.encode() for o in options)]
@@ -84,6 +92,60 @@ def nvrtc_compile(source: str, name: str, arch: str, options=(), name_expression
         return err == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace").strip("\x00 \n")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _run_header_nvcc(cu: Path, out_dir: Path) -> subprocess.CompletedProcess:
+    """The header's nvcc line, run from the repository root with the object in out_dir and the register report on."""
+    import shlex
+
+    cmd = shlex.split(header_build(cu)[0])
+    if "-o" in cmd:
+        i = cmd.index("-o")
+        del cmd[i:i + 2]
+    cmd += ["-o", os.fspath(Path(out_dir) / "k.o"), "--resource-usage"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiling ahead: NVRTC and nvcc run outside Python's lock, so the builds the selected tests of this file will make
+# start together, on a thread per CPU core, and each test waits for its own. In one process that makes the file
+# about as fast as the machine has cores (pytest-xdist workers, which share the cores already, compile in turn).
+# ---------------------------------------------------------------------------------------------------------
+_AHEAD: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_ahead(request, tmp_path_factory):
+    import concurrent.futures
+
+    if hasattr(request.config, "workerinput"):
+        yield
+        return
+    from kernels.core import NVRTC_OPTIONS
+
+    jobs = {}
+    for item in request.session.items:
+        if item.module is not request.module or not hasattr(item, "callspec"):
+            continue
+        params = item.callspec.params
+        if item.originalname == "test_nvrtc_compiles_standalone":
+            cu, arch = params["cu"], params["arch"]
+            for name_expressions, defines in _builds(cu):
+                args = (cu.read_text(), cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), tuple(name_expressions))
+                jobs[("nvrtc", *args)] = (_nvrtc_compile, *args)
+        elif item.originalname == "test_header_nvcc_line_builds_every_kernel" and shutil.which("nvcc"):
+            cu = params["cu"]
+            if header_build(cu)[0] is not None:
+                jobs[("nvcc", cu)] = (_run_header_nvcc, cu, tmp_path_factory.mktemp(cu.stem))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        _AHEAD.update({key: pool.submit(*job) for key, job in jobs.items()})
+        yield
+    finally:
+        for future in _AHEAD.values():  # builds of deselected or skipped tests
+            future.cancel()
+        _AHEAD.clear()
+        pool.shutdown(wait=True)
 
 
 def test_there_are_kernels():
@@ -222,18 +284,11 @@ def _kernel_names_in(data: bytes) -> set:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
 def test_header_nvcc_line_builds_every_kernel(cu, tmp_path):
-    import shlex
-
     nvcc, _, _ = header_build(cu)
     if nvcc is None:
         pytest.fail(f"{cu.name}: no nvcc line in the header")
-    cmd = shlex.split(nvcc)
-    if "-o" in cmd:
-        i = cmd.index("-o")
-        del cmd[i:i + 2]
-    obj = tmp_path / "k.o"
-    cmd += ["-o", os.fspath(obj), "--resource-usage"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    ahead = _AHEAD.pop(("nvcc", cu), None)
+    res = ahead.result() if ahead is not None else _run_header_nvcc(cu, tmp_path)
     assert res.returncode == 0, f"{nvcc}\n{res.stderr}"
     entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
     extern_c, templates = declared_kernels(cu.read_text())
