@@ -13,6 +13,7 @@ from .sampling import (beam_step, cdf_margin, log_softmax, philox4x32, philox_un
 from .varlen import (bert_layer_packed, bert_layer_padded, check_cu_seqlens, cu_seqlens_from_lengths,
                      lengths_from_mask, make_bert_weights, padded_attention, remove_padding, restore_padding,
                      token_offsets, varlen_attention)
+from .variants import EMPTY, FULL, PARTIAL, attention_variant, attention_variant_backward, block_mask, variant_mask
 
 __all__ = [
     "attention", "attention_scores", "causal_mask",
@@ -28,4 +29,5 @@ __all__ = [
     "make_bert_weights",
     "beam_step", "cdf_margin", "log_softmax", "philox4x32", "philox_uniform", "ranking", "reorder_cache", "sample",
     "sample_from", "sampling_probs", "top_k_mask", "top_p_mask",
+    "attention_variant", "attention_variant_backward", "variant_mask", "block_mask", "EMPTY", "FULL", "PARTIAL",
 ]
