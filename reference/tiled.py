@@ -131,8 +131,6 @@ def merge_partials(outs, lses):
 
 def split_kv_attention(q, k, v, *, causal=False, scale=None, num_splits=2):
     """Attention computed as num_splits independent key slices, then merged by LSE (split-KV)."""
-    from .attention import attention
-
     q, k, v = _as64(q, k, v)
     Tq, Tk = q.shape[2], k.shape[2]
     bounds = np.linspace(0, Tk, num_splits + 1).astype(int)
