@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
-try:  # gives NumPy the "bfloat16" dtype, so make_qkv(..., dtype="bfloat16") works (imported for that alone)
-    importlib.import_module("ml_dtypes")
+try:  # gives NumPy the "bfloat16" dtype, so make_qkv(..., dtype="bfloat16") works
+    import ml_dtypes  # noqa: F401
 except ImportError:  # pragma: no cover
     pass
 
