@@ -125,7 +125,7 @@ def compile_ahead(request, tmp_path_factory):
 
     jobs = {}
     for item in request.session.items:
-        if item.module is not request.module or not hasattr(item, "callspec"):
+        if getattr(item, "module", None) is not request.module or not hasattr(item, "callspec"):  # nbval cells too
             continue
         params = item.callspec.params
         if item.originalname == "test_nvrtc_compiles_standalone":
