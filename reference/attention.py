@@ -60,16 +60,21 @@ def attention(q, k, v, *, causal=False, scale=None, return_lse=False):
     """
     q, k, v = _as64(q, k, v)
     _check_shapes(q, k, v)
-    s = attention_scores(q, k, causal=causal, scale=scale)
+    p, lse = softmax_rows(attention_scores(q, k, causal=causal, scale=scale))
+    o = p @ v  # rows that see no key have P = 0, so o = 0
+    return (o, lse) if return_lse else o
+
+
+def softmax_rows(s):
+    """(P, lse) of score rows s (masked entries -inf): P = the softmax of each row, all 0 for a row that sees no key;
+    lse = log(sum_j exp(s_ij)), -inf for such a row. Shapes (..., Tk) and (...)."""
     m = s.max(axis=-1, keepdims=True)
     seen = np.isfinite(m)  # False only for rows that see no key
     m_safe = np.where(seen, m, 0.0)
     p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked entries
     l = p.sum(axis=-1, keepdims=True)
     l_safe = np.where(seen, l, 1.0)
-    o = np.where(seen, (p / l_safe) @ v, 0.0)
-    if not return_lse:
-        return o
+    p = np.where(seen, p / l_safe, 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(seen, m_safe + np.log(l_safe), -np.inf)[..., 0]
-    return o, lse
+    return p, lse

@@ -47,6 +47,8 @@ import operator
 
 import numpy as np
 
+from .attention import softmax_rows
+
 __all__ = [
     "EMPTY", "FULL", "PARTIAL",
     "variant_mask", "block_mask", "attention_variant", "attention_variant_backward",
@@ -230,17 +232,7 @@ def _forward_parts(q, k, v, causal, window, prefix, doc_ids_q, doc_ids_k, alibi_
     if slopes is not None:
         distance = np.abs(np.arange(Tk)[None, :] - (np.arange(Tq)[:, None] + Tk - Tq))  # |j - c_i|, (Tq, Tk)
         s = s - slopes[..., :, None, None] * distance
-    s = np.where(mask, s, -np.inf)
-
-    m = s.max(axis=-1, keepdims=True)
-    seen = np.isfinite(m)  # False only for rows that see no key
-    m_safe = np.where(seen, m, 0.0)
-    p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked entries
-    l = p.sum(axis=-1, keepdims=True)
-    l_safe = np.where(seen, l, 1.0)
-    p = np.where(seen, p / l_safe, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, m_safe + np.log(l_safe), -np.inf)[..., 0]
+    p, lse = softmax_rows(np.where(mask, s, -np.inf))
     return q, k, v, p, lse, t, scale, group
 
 

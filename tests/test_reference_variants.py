@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import reference as R
+from test_reference_backward import numeric_grads  # the one finite-difference helper of the reference tests
 
 
 def qkv(B, Hq, Hkv, Tq, Tk, d, *, seed=0, magnitude=1.0):
@@ -307,25 +308,6 @@ def test_rows_that_see_no_key_give_zero_and_minus_inf(Tq, Tk, options, blind):
 
 # ---- gradients -------------------------------------------------------------------------------------------------------
 
-def _numeric_grads(q, k, v, do, options, eps=1e-6):
-    """d sum(attention_variant(q, k, v) * do) / d x for x in q, k, v by central differences, one entry at a time."""
-    grads = []
-    for which in range(3):
-        args = [q.copy(), k.copy(), v.copy()]
-        x = args[which]
-        g = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            old = x[idx]
-            x[idx] = old + eps
-            up = (R.attention_variant(*args, **options) * do).sum()
-            x[idx] = old - eps
-            down = (R.attention_variant(*args, **options) * do).sum()
-            x[idx] = old
-            g[idx] = (up - down) / (2 * eps)
-        grads.append(g)
-    return grads
-
-
 GRAD_CASES = {  # name: (Hq, Hkv, Tq, Tk, options)
     "plain_gqa": (4, 2, 5, 6, {}),
     "mqa_causal": (3, 1, 5, 6, dict(causal=True)),
@@ -347,7 +329,7 @@ def test_backward_matches_finite_differences(case):
     q, k, v = qkv(2, Hq, Hkv, Tq, Tk, 3, seed=len(case), magnitude=1.5)
     do = np.random.default_rng(len(case) + 1).standard_normal(q.shape)
     got = R.attention_variant_backward(q, k, v, do, **options)
-    want = _numeric_grads(q, k, v, do, options)
+    want = numeric_grads(lambda *a: R.attention_variant(*a, **options), q, k, v, do)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.shape == w.shape, name
         assert np.abs(w).max() > 1e-3, name  # the case has gradients to check
