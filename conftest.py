@@ -54,7 +54,9 @@ def pytest_sessionstart(session):
     from kernels.core import gpu_unavailable_reason, prebuild
 
     records = prebuild.course_builds()
-    simulated = os.environ.get("COURSE_SIMULATE_CC")  # the lists are the real GPU's builds, not compute_75 PTX
+    from kernels.core.device import SIMULATE_ENV
+
+    simulated = os.environ.get(SIMULATE_ENV)  # the lists are the real GPU's builds, not an older GPU's PTX
     if gpu_unavailable_reason() is None and records and not simulated:
         prebuild.prebuild(records, log=lambda s: print("\n" + s))
 
