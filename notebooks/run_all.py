@@ -2,8 +2,8 @@
 
     python3 notebooks/run_all.py              # all notebooks
     python3 notebooks/run_all.py 00 02        # only the notebooks whose names start with these
-    python3 notebooks/run_all.py --summary    # then check and time every kernel at llm.c's shape (about 25 s more
-                                              # on an H100: python3 -m kernels.bench --suite llmc; notebook 07 reads it)
+    python3 notebooks/run_all.py --summary    # then check and time every kernel at llm.c's shape
+                                              # (python3 -m kernels.bench --suite llmc)
 
 Executed copies go to results/notebooks/ (the committed notebooks are left as they are). On a machine
 without a CUDA GPU, the notebooks that need none run, and the rest are listed with the reason.
