@@ -1,6 +1,6 @@
 """reference: the float64 NumPy oracle of the course. Imports nothing from the GPU world."""
 
-from .attention import attention, attention_scores, causal_mask
+from .attention import attention, attention_scores, causal_mask, softmax_rows
 from .llmc import attention_forward_llmc, permute_qkv, unpermute
 from .softmax import online_update, softmax_naive, softmax_online, softmax_safe
 from .tiled import flash_attention_1, flash_attention_2, merge_partials, split_kv_attention
@@ -16,7 +16,7 @@ from .varlen import (bert_layer_packed, bert_layer_padded, check_cu_seqlens, cu_
 from .variants import EMPTY, FULL, PARTIAL, attention_variant, attention_variant_backward, block_mask, variant_mask
 
 __all__ = [
-    "attention", "attention_scores", "causal_mask",
+    "attention", "attention_scores", "causal_mask", "softmax_rows",
     "attention_forward_llmc", "permute_qkv", "unpermute",
     "online_update", "softmax_naive", "softmax_online", "softmax_safe",
     "flash_attention_1", "flash_attention_2", "merge_partials", "split_kv_attention",
