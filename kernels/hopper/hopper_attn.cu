@@ -406,15 +406,6 @@ template <int C> struct Turns {
     }
 };
 
-// A position in the K or V ring: slot s, and the parity of the barrier phase to wait for there.
-template <int STAGES> struct RingPos {
-    int s = 0;
-    u32 phase = 0;
-    DEVICE void advance() {
-        if (++s == STAGES) { s = 0; phase ^= 1; }
-    }
-};
-
 // Where a CTA's tiles and barriers are (T = Shape<D>): sQ, then STAGES slots of [sK | sV] in the dynamic shared
 // memory (shared-window addresses), and the mbarriers (static; see the end of "Algorithm" in the header).
 template <class T> struct Smem {

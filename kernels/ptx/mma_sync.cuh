@@ -15,6 +15,7 @@
 //   mma_16816<BF16>(d, a, b0, b1)   d (16x8 float32) += a (16x16) * b (16x8), float16 or (BF16) bfloat16 operands
 //   pack2<BF16>(lo, hi)         two floats -> one register of two 16-bit values, lo in the low half (round to nearest)
 //   st_shared_u32, ld_shared_v4 4 bytes to and 16 bytes from a shared-window address
+//   unpack2<BF16>(x)            one register of two 16-bit values -> float2 (low half in .x): pack2's inverse
 #ifndef COURSE_PTX_MMA_SYNC_CUH
 #define COURSE_PTX_MMA_SYNC_CUH
 
@@ -67,6 +68,18 @@ DEVICE uint4 ld_shared_v4(u32 addr) {
                  : "r"(addr)
                  : "memory");
     return r;
+}
+
+template <bool BF16>
+DEVICE float2 unpack2(u32 x) {
+    if constexpr (BF16) {
+        return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+    } else {
+        float lo, hi;
+        asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+            : "=f"(lo), "=f"(hi) : "r"(x));
+        return make_float2(lo, hi);
+    }
 }
 
 #endif  // COURSE_PTX_MMA_SYNC_CUH
