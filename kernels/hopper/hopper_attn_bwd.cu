@@ -545,10 +545,18 @@ extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preproce
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_bf16(PRE_PARAMS) {
     preprocess<true>(PRE_ARGS);
 }
-extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d64(MAIN_PARAMS) { attention_backward<64, false>(MAIN_ARGS); }
-extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d128(MAIN_PARAMS) { attention_backward<128, false>(MAIN_ARGS); }
-extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d64(MAIN_PARAMS) { attention_backward<64, true>(MAIN_ARGS); }
-extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d128(MAIN_PARAMS) { attention_backward<128, true>(MAIN_ARGS); }
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d64(MAIN_PARAMS) {
+    attention_backward<64, false>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d128(MAIN_PARAMS) {
+    attention_backward<128, false>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d64(MAIN_PARAMS) {
+    attention_backward<64, true>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d128(MAIN_PARAMS) {
+    attention_backward<128, true>(MAIN_ARGS);
+}
 extern "C" __global__ void hopper_bwd_postprocess_f16(const float* dq_acc, u16* dq, long long quads, float scale) {
     postprocess<false>(dq_acc, dq, quads, scale);
 }

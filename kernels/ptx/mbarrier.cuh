@@ -8,7 +8,7 @@
 //   mbar_wait(bar, parity)             return once the phase of that parity has completed
 //   named_barrier_sync(id, count)      wait until `count` threads (whole warps) have arrived at or synced on barrier id
 //   named_barrier_arrive(id, count)    arrive at barrier id and go on
-//   RingPos<STAGES>                    a position in a ring of STAGES slots, each with its full/empty mbarriers:
+//   RingPos<SLOTS>                     a position in a ring of SLOTS slots, each with its full/empty mbarriers:
 //                                      the slot s and the parity of the phase to wait for there (advance())
 //   ld_acquire_gpu(p), st_release_gpu(p, x)   a flag in global memory between blocks: a load that later reads
 //                                      and writes of this thread cannot pass, a store that earlier ones cannot pass
@@ -56,13 +56,13 @@ DEVICE void named_barrier_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// A position in a ring of STAGES slots (K or V tiles, say), each guarded by a full and an empty mbarrier: slot s, and
+// A position in a ring of SLOTS slots (K or V tiles, say), each guarded by a full and an empty mbarrier: slot s, and
 // the parity of the barrier phase to wait for there, which flips each time the position wraps around.
-template <int STAGES> struct RingPos {
+template <int SLOTS> struct RingPos {  // (not STAGES: a launcher may pass -DSTAGES=...)
     int s = 0;
     u32 phase = 0;
     DEVICE void advance() {
-        if (++s == STAGES) { s = 0; phase ^= 1; }
+        if (++s == SLOTS) { s = 0; phase ^= 1; }
     }
 };
 
