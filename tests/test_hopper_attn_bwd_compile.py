@@ -1,4 +1,4 @@
-"""kernels/hopper/hopper_attn_bwd.cu built for sm_90a without a GPU: the Hopper instructions are really in the machine code.
+"""kernels/hopper/hopper_attn_bwd.cu built for sm_90a without a GPU: the Hopper instructions are in the machine code.
 
 Each NVRTC build of kernels.hopper.hopper_attn_bwd (NVRTC_BUILDS, and the deterministic build, -D DETERMINISTIC=1),
 compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the tools come from).
@@ -11,8 +11,9 @@ Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 12
     UBLKCP       the lse2 and delta rows (plain bulk copies)
     REDG / ATOMG float32 reductions into the dQ accumulator; NANOSLEEP only in the deterministic build (its turn)
 
-(each product once: the masked and unmasked paths of step b meet before the products), the 168 registers that setmaxnreg's budget assumes (24 + 2 x 240 = 3 x 168), no local memory (spills), four
-128-byte tensor-map parameters, and the shared-memory formula of the launcher.
+(each product once: the masked and unmasked paths of step b meet before the products), the 168 registers that
+setmaxnreg's budget assumes (24 + 2 x 240 = 3 x 168), no local memory (spills), four 128-byte tensor-map parameters,
+and the shared-memory formula of the launcher.
 """
 
 import os

@@ -12,7 +12,8 @@
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
 //      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m, dO_m and their lse2, delta rows into
-//      a STAGES-slot ring (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK, dV in registers:
+//      a STAGES-slot ring (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK
+//      and dV in registers:
 //        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
 //        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
 //        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async; named barrier (both)  stash_ds
