@@ -405,6 +405,7 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
         // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
         float acc_dq[T::DQ_ACC];
         accumulate<T, BF16>(acc_dv, acc_dk, acc_dq, p, ds, sm.sQ(pos.s), sm.sdO(pos.s), sm.sdS(buf) + ds_half, sk_dq);
+        __syncwarp();  // every lane's reads of the slot's lse2 and delta rows come before lane 0 hands it back
         if (lane == 0) mbar_arrive(smem_addr(&sm.q_empty[pos.s]));
         pos.advance();
         // ---- e. dQ_acc += dQ_part ----
