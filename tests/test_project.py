@@ -45,10 +45,21 @@ def test_notebook_kernel_files_exist(path):
         assert name in names, f"{path.name} loads the kernel file {name}, which does not exist below kernels/"
 
 
+# Kernel files that no notebook shows yet, each with the reason: a kernel waiting for its first GPU verification
+# before a chapter teaches it. The exemption must go once a notebook shows the file.
+NOT_YET_TAUGHT = {
+    "hopper_attn_bwd.cu": "the Hopper backward, compile-checked only; notebook 13 gains it once it has run on an H100",
+}
+
+
 def test_every_kernel_is_taught():
     text = " ".join(p.read_text() for p in NOTEBOOKS)
     for cu in KERNEL_FILES:
+        if cu.name in NOT_YET_TAUGHT:
+            assert cu.name not in text, f"{cu.name} is shown in a notebook now: remove it from NOT_YET_TAUGHT"
+            continue
         assert cu.name in text, f"{cu.relative_to(ROOT)} is not shown in any notebook"
+    assert set(NOT_YET_TAUGHT) <= {cu.name for cu in KERNEL_FILES}, "NOT_YET_TAUGHT names a file that does not exist"
 
 
 def test_registry_variants_point_at_notebooks():

@@ -161,7 +161,7 @@ template <int D> struct Shape {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Constants, descriptors and the wgmma instructions of this kernel (sm_90a)
+// Constants and descriptors of this kernel (sm_90a; its wgmma instructions are ptx/wgmma.cuh's wgmma_ss, wgmma_rs)
 // ---------------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -182,66 +182,6 @@ constexpr float RESCALE_SLACK = 8.0f;  // LAZY_RESCALE: log2 units, so p <= 2^8 
 // compared with the K-major case (kmajor_descriptor), where SBO walks the M/N axis and LBO is unused.
 template <int BLOCK_N> DEVICE u64 mnmajor_descriptor(u32 addr) {
     return smem_descriptor(addr, BLOCK_N * SWIZZLE_BYTES, SWIZZLE_ATOM);
-}
-
-// ---- the wgmma instructions: accumulator lists written out (PTX wants each register named) ----
-#define REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-#define REGS_16 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define REGS_32 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-#define REGS_48 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define REGS_64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-#define REGS_80 "%80, %81, %82, %83, %84, %85, %86, %87"
-#define REGS_88 ", %88, %89, %90, %91, %92, %93, %94, %95"
-#define ACC_LIST32 "{" REGS_0 REGS_16 "}"
-#define ACC_LIST64 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 "}"
-#define ACC_LIST88 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 "}"
-#define ACC_LIST96 "{" REGS_0 REGS_16 ", " REGS_32 REGS_48 ", " REGS_64 REGS_80 REGS_88 "}"
-#define ACC8(x, i) "+f"(x[i]), "+f"(x[i + 1]), "+f"(x[i + 2]), "+f"(x[i + 3]), \
-                   "+f"(x[i + 4]), "+f"(x[i + 5]), "+f"(x[i + 6]), "+f"(x[i + 7])
-#define ACC32(x) ACC8(x, 0), ACC8(x, 8), ACC8(x, 16), ACC8(x, 24)
-#define ACC64(x) ACC32(x), ACC8(x, 32), ACC8(x, 40), ACC8(x, 48), ACC8(x, 56)
-#define ACC88(x) ACC64(x), ACC8(x, 64), ACC8(x, 72), ACC8(x, 80)
-#define ACC96(x) ACC88(x), ACC8(x, 88)
-
-// S (64 x N, float32) = A (64 x 16) B^T + (accumulate ? S : 0), N = BLOCK_N = 128, 176 or 192 (N / 2 accumulators
-// per thread): both operands K-major in shared memory (SS form: imm-scale-a = imm-scale-b = 1, imm-trans-a =
-// imm-trans-b = 0). After the N / 2 accumulators come the A descriptor, the B descriptor and the accumulate flag.
-#define SS_N128(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " ACC_LIST64 ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
-    : ACC64(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-#define SS_N176(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n176k16.f32." TYPE "." TYPE " " ACC_LIST88 ", %88, %89, p, 1, 1, 0, 0;\n}\n" \
-    : ACC88(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-#define SS_N192(TYPE) asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
-    "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " " ACC_LIST96 ", %96, %97, p, 1, 1, 0, 0;\n}\n" \
-    : ACC96(s) : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-
-template <bool BF16, int N> DEVICE void wgmma_ss(float (&s)[N], u64 desc_a, u64 desc_b, int accumulate) {
-    static_assert(N == 64 || N == 88 || N == 96, "S tiles of 128, 176 or 192 keys");
-    if constexpr (N == 64) {
-        if constexpr (BF16) { SS_N128("bf16"); } else { SS_N128("f16"); }
-    } else if constexpr (N == 88) {
-        if constexpr (BF16) { SS_N176("bf16"); } else { SS_N176("f16"); }
-    } else {
-        if constexpr (BF16) { SS_N192("bf16"); } else { SS_N192("f16"); }
-    }
-}
-
-// O (64 x N, float32) += A (64 x 16, 16-bit, four registers a[0..3] per thread) B, B (16 x N) N-major in shared
-// memory (RS form: A from registers, imm-scale-a = imm-scale-b = 1, imm-trans-b = 1; the RS form has no
-// imm-trans-a). Always accumulates (O starts at zero).
-#define WGMMA_RS(TYPE, SHAPE, LIST, ACCS, OPERANDS) \
-    asm volatile("wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " LIST ", " OPERANDS \
-                 ", 1, 1, 1, 1;\n" \
-                 : ACCS(o) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
-
-template <bool BF16> DEVICE void wgmma_rs(float (&o)[32], const u32 (&a)[4], u64 desc_b) {   // D = 64
-    if constexpr (BF16) { WGMMA_RS("bf16", "m64n64k16", ACC_LIST32, ACC32, "{%32, %33, %34, %35}, %36"); }
-    else { WGMMA_RS("f16", "m64n64k16", ACC_LIST32, ACC32, "{%32, %33, %34, %35}, %36"); }
-}
-template <bool BF16> DEVICE void wgmma_rs(float (&o)[64], const u32 (&a)[4], u64 desc_b) {   // D = 128
-    if constexpr (BF16) { WGMMA_RS("bf16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
-    else { WGMMA_RS("f16", "m64n128k16", ACC_LIST64, ACC64, "{%64, %65, %66, %67}, %68"); }
 }
 
 DEVICE float quad_max(float x) {  // over the 4 threads t = 0..3 that share a row of the accumulator
@@ -463,15 +403,6 @@ template <int C> struct Turns {
     }
     DEVICE void finish() const {
         if (PINGPONG && cw == 0) named_barrier_sync(1, 2 * WARPGROUP);
-    }
-};
-
-// A position in the K or V ring: slot s, and the parity of the barrier phase to wait for there.
-template <int STAGES> struct RingPos {
-    int s = 0;
-    u32 phase = 0;
-    DEVICE void advance() {
-        if (++s == STAGES) { s = 0; phase ^= 1; }
     }
 };
 

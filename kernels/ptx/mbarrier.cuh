@@ -8,6 +8,10 @@
 //   mbar_wait(bar, parity)             return once the phase of that parity has completed
 //   named_barrier_sync(id, count)      wait until `count` threads (whole warps) have arrived at or synced on barrier id
 //   named_barrier_arrive(id, count)    arrive at barrier id and go on
+//   RingPos<SLOTS>                     a position in a ring of SLOTS slots, each with its full/empty mbarriers:
+//                                      the slot s and the parity of the phase to wait for there (advance())
+//   ld_acquire_gpu(p), st_release_gpu(p, x)   a flag in global memory between blocks: a load that later reads
+//                                      and writes of this thread cannot pass, a store that earlier ones cannot pass
 //
 // An mbarrier is 8 bytes of shared memory; `bar` is its shared-window address (smem_addr). A phase completes when its
 // arrivals have come and the announced bytes have landed; its parity bit then flips, and a waiter names the parity it
@@ -50,6 +54,28 @@ DEVICE void named_barrier_sync(int id, int count) {
 }
 DEVICE void named_barrier_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// A position in a ring of SLOTS slots (K or V tiles, say), each guarded by a full and an empty mbarrier: slot s, and
+// the parity of the barrier phase to wait for there, which flips each time the position wraps around.
+template <int SLOTS> struct RingPos {  // (not STAGES: a launcher may pass -DSTAGES=...)
+    int s = 0;
+    u32 phase = 0;
+    DEVICE void advance() {
+        if (++s == SLOTS) { s = 0; phase ^= 1; }
+    }
+};
+
+// A flag in global memory that orders blocks (GPU scope): the writer makes its earlier writes visible before the flag,
+// the reader sees them once it has read the flag. What the other threads of each block did is ordered by a barrier
+// of the block between their accesses and the flag's (and, for the writer's side, a __threadfence of each writer).
+DEVICE int ld_acquire_gpu(const int* p) {
+    int x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+    return x;
+}
+DEVICE void st_release_gpu(int* p, int x) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(x) : "memory");
 }
 
 #endif  // COURSE_PTX_MBARRIER_CUH

@@ -16,6 +16,7 @@
 //   pack2<BF16>(lo, hi)         two floats -> one register of two 16-bit values, lo in the low half (round to nearest;
 //                               float16 builds for sm_75 too, with two cvt.rn.f16.f32: kernels/cublas/cublas_half.cu)
 //   st_shared_u32, ld_shared_v4 4 bytes to and 16 bytes from a shared-window address
+//   unpack2<BF16>(x)            one register of two 16-bit values -> float2 (low half in .x): pack2's inverse
 #ifndef COURSE_PTX_MMA_SYNC_CUH
 #define COURSE_PTX_MMA_SYNC_CUH
 
@@ -75,6 +76,18 @@ DEVICE uint4 ld_shared_v4(u32 addr) {
                  : "r"(addr)
                  : "memory");
     return r;
+}
+
+template <bool BF16>
+DEVICE float2 unpack2(u32 x) {
+    if constexpr (BF16) {
+        return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+    } else {
+        float lo, hi;
+        asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+            : "=f"(lo), "=f"(hi) : "r"(x));
+        return make_float2(lo, hi);
+    }
 }
 
 #endif  // COURSE_PTX_MMA_SYNC_CUH

@@ -5,6 +5,7 @@
 //                                           the driver's cuTensorMapEncodeTiled (address, sizes, strides, box, swizzle)
 //   tma_load_3d(dst, map, c0, c1, c2, bar)  one thread: the box at (c0, c1, c2) -> shared address dst
 //   prefetch_tensor_map(map)                one thread: bring the map into the cache TMA reads it from
+//   bulk_load(dst, src, bytes, bar)         one thread: `bytes` contiguous bytes (no tensor map) -> shared dst
 //
 // A kernel takes each map as a `const __grid_constant__ TensorMap` parameter, which keeps it in parameter memory,
 // where TMA may read it. Announce the box's bytes on the mbarrier first (mbar_arrive_expect_tx, ptx/mbarrier.cuh).
@@ -28,6 +29,14 @@ DEVICE void tma_load_3d(u32 dst, const TensorMap& map, int c0, int c1, int c2, u
 }
 DEVICE void prefetch_tensor_map(const TensorMap& map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&map)) : "memory");
+}
+
+// A plain bulk copy (no tensor map, no swizzle): `bytes` bytes from global src to shared dst (a shared-window
+// address), both 16-byte aligned, `bytes` a multiple of 16; they complete_tx on the mbarrier bar like a tensor load's.
+// Unlike a tensor load nothing is zero-filled: every byte must lie inside the allocation.
+DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 #endif  // COURSE_PTX_TMA_CUH

@@ -1,0 +1,567 @@
+// hopper_attn_bwd.cu -- FlashAttention-3-style attention backward on Hopper: TMA loads, the five products on wgmma
+// (fp16/bf16 in, float32 accumulation), dQ summed across key tiles by float32 atomics.
+//
+// What it computes: dQ, dK, dV of o = softmax(scale q k^T + mask) v (hopper_attn.cu's contract) given o, its lse
+//   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
+//   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). Causal masking is
+//   bottom-right aligned (query i sees key j when j <= i + Tk - Tq); a row that sees no key has P = 0 throughout.
+//
+// Algorithm: three kernels on one stream (kernels/hopper/hopper_attn_bwd.py)
+//   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
+//      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), the float32 dQ row zeroed, turns zeroed.
+//   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
+//      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
+//      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m, dO_m and their lse2, delta rows into
+//      a STAGES-slot ring (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK
+//      and dV in registers:
+//        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
+//        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
+//        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async; named barrier (both)  stash_ds
+//        d. dV += P^T dO_m, dK += dS^T Q_m                  RS wgmma: A = registers (S's accumulator layout is
+//           the A layout), B = dO / Q N-major ("transposed")                                       accumulate
+//           dQ_part = dS K                                  SS wgmma, A = sdS M-major, B = sK N-major
+//           wait, release the ring slot
+//        e. dQ_acc[m rows] += dQ_part (float2 atomics; -D DETERMINISTIC=1: key tiles in order n = 0, 1, ... through a
+//           per-(b h, m) turn counter in global memory)                                             add_dq
+//      then dK = scale dK, dV in 16 bits, keys < Tk                                                 store_dk_dv
+//      dQ_part: BLOCK_M = 128 (D = 64): consumer c takes query rows 64 c .. + 63, all D columns; BLOCK_M = 64
+//      (D = 128): all rows, columns 64 c .. + 63. Either way 64 x 64 per warpgroup, over the CTA's 128 keys.
+//   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits.
+//
+// Layouts: q, o, do, dq (B, H, Tq, D), k, v, dk, dv (B, H, Tk, D), 16-bit, row-major. Workspace (float32 unless said;
+//   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H Tq D), lse2, delta (B H, Tq_pad), turns
+//   (B H m_count int32). Shared memory (dynamic, aligned to 1024; 16-bit tiles in the 128-byte swizzle of
+//   hopper_attn.cu, D = 128 as two 64-column halves): [sK BLOCK_N x D][sV][STAGES x (sQ BLOCK_M x D, sdO)]
+//   [2 x sdS BLOCK_N x BLOCK_M: one 64-query half after the other][STAGES x (lse2, delta: BLOCK_M float32 each)]
+//
+// Launch: preprocess grid = ceil(B H Tq_pad / PRE_WARPS), block = 32 PRE_WARPS; main grid = ceil(Tk / 128) B H,
+//   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES (2 BLOCK_M D 2 + 8 BLOCK_M)
+//   + 2 BLOCK_N BLOCK_M 2 + 1024: 166912 (D = 64) and 165888 bytes (D = 128); postprocess grid = min(ceil(B H Tq D / 4
+//   / 256), 8192), block = 256. Registers: __launch_bounds__(384, 1) = 168; setmaxnreg 24 producer, 240 consumers.
+//
+// Kernels (extern "C"; u16: the bits of float16, f16, or bfloat16, bf16):
+//   hopper_bwd_preprocess_{f16,bf16}(const u16* o, const u16* dout, const float* lse, const float* dlse,
+//       float* lse2, float* delta, float* dq_acc, int* turns, int d, int Tq, int Tq_pad, long long padded_rows,
+//       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
+//   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
+//       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
+//       float scale, int causal)   maps: (D, T, B H) 16-bit tensors, boxes of 64 columns x BLOCK_M (q, do) or
+//       BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale (any finite value, negative too);
+//       scale_log2 = scale log2 e; causal 0 or 1; turns: used only by the DETERMINISTIC = 1 build
+//   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, float scale)  quads = B H Tq D/4
+//   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4,
+//   DETERMINISTIC 0 (1: a build of its own).
+//
+// Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
+// kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
+// unpack2, st_shared_u32).
+// Build it alone, from the repository root:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/hopper/hopper_attn_bwd.cu -o bwd.o
+//   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_90a (extern "C" kernels: no name expressions)
+//
+// Limits (checked by the launcher): D in {64, 128}; 16-bit tensors C-contiguous, 16-byte aligned; any Tq, Tk >= 1
+// (TMA zero-fills rows past the end, P is masked there, stores are guarded). No host example yet.
+// Numerics: 16-bit products (P, dS rounded to the inputs' type), float32 sums; exp2 by ex2.approx.ftz; dQ summed by
+// float32 atomics in an order that varies between runs, unless DETERMINISTIC. Notes: kernels/hopper/README.md.
+
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+// ---- sizes (the launcher passes them with -D; these defaults are what `nvcc -c` sees) ----
+#ifndef BLOCK_M_D64
+#define BLOCK_M_D64 128    // query rows per tile at D = 64
+#endif
+#ifndef BLOCK_M_D128
+#define BLOCK_M_D128 64    // at D = 128 (dK, dV take 128 registers a thread there)
+#endif
+#ifndef STAGES
+#define STAGES 2           // Q/dO ring slots
+#endif
+#ifndef PRE_WARPS
+#define PRE_WARPS 4        // rows (one warp each) per preprocess block
+#endif
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0    // 1: dQ's key-tile parts added in a fixed order (bitwise repeatable dQ); its own build
+#endif
+
+constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
+constexpr int WARPGROUP = 128;
+constexpr int WGMMA_M = 64;
+constexpr int SWIZZLE_BYTES = 128;                          // one swizzled row: 64 16-bit elements
+constexpr int SWIZZLE_ELEMS = SWIZZLE_BYTES / ELEM_BYTES;
+constexpr int SWIZZLE_ATOM = 8 * SWIZZLE_BYTES;             // 1024 bytes: the XOR pattern's period
+constexpr int SMEM_ALIGN = SWIZZLE_ATOM;
+constexpr int SMEM_LIMIT = 227 * 1024;
+constexpr int REGISTER_FILE = 65536;
+constexpr int BLOCK_N = 128;                                // keys per CTA: 64 per consumer warpgroup
+constexpr int CONSUMERS = BLOCK_N / WGMMA_M;                // 2
+constexpr int CONSUMER_THREADS = CONSUMERS * WARPGROUP;
+
+template <int D> struct Shape {
+    static_assert(D == 64 || D == 128, "head dimension 64 or 128");
+    static constexpr int HEAD_DIM = D;
+    static constexpr int HALVES = D / SWIZZLE_ELEMS;                    // 64-column swizzled blocks per tile row
+    static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : BLOCK_M_D128;
+    static constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);         // 384
+    static constexpr int CONSUMER_WARPS = CONSUMER_THREADS / 32;        // arrivals that free a ring slot
+    static constexpr int LAUNCH_REGS = REGISTER_FILE / THREADS / 8 * 8; // 168
+    static constexpr int PRODUCER_REGS = 24;
+    static constexpr int CONSUMER_REGS = (LAUNCH_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;  // 240
+    static constexpr int S_ACC = WGMMA_M * BLOCK_M / WARPGROUP;         // S^T, dP^T accumulators per thread
+    static constexpr int A_REGS = S_ACC / 2;                            // P^T, dS^T as 16-bit pairs
+    static constexpr int KV_ACC = WGMMA_M * D / WARPGROUP;              // dK, dV accumulators per thread
+    static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 2 * WGMMA_M;       // dQ split by query rows, else by columns
+    static constexpr int DQ_COLS = DQ_SPLIT_ROWS ? D : D / CONSUMERS;   // 64 either way
+    static constexpr int DQ_ACC = WGMMA_M * DQ_COLS / WARPGROUP;        // 32
+    static constexpr int Q_BYTES = BLOCK_M * D * ELEM_BYTES;            // one Q or dO tile
+    static constexpr int KV_BYTES = BLOCK_N * D * ELEM_BYTES;           // one K or V tile
+    static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * ELEM_BYTES;     // one dS^T buffer
+    static constexpr int ROW_BYTES = BLOCK_M * 4;                       // lse2 or delta of one query tile
+    static constexpr int TX_BYTES = 2 * Q_BYTES + 2 * ROW_BYTES;        // what q_full[s] receives
+    static constexpr int RING = 2 * KV_BYTES;                           // offsets in the dynamic shared memory
+    static constexpr int DS = RING + STAGES * 2 * Q_BYTES;
+    static constexpr int ROWS = DS + 2 * DS_BYTES;
+    static constexpr int SMEM_BYTES = ROWS + STAGES * 2 * ROW_BYTES + SMEM_ALIGN;  // the launcher's request
+    static_assert(BLOCK_M == 64 || BLOCK_M == 128, "64 or 128 query rows per tile (S^T is one m64nBLOCK_Mk16)");
+    static_assert(DQ_COLS == 64, "BLOCK_M = 128 or D = 128: each consumer's share of dQ is 64 x 64");
+    static_assert(BLOCK_M + D <= 192, "registers: dK, dV (D) and S^T, dP^T (BLOCK_M) per thread");
+    static_assert(STAGES >= 2 && STAGES <= 4, "2..4 ring slots");
+    static_assert(SMEM_BYTES + 8 * (1 + 2 * STAGES) <= SMEM_LIMIT, "tiles and barriers fit in 227 KB");
+    static_assert(Q_BYTES % SMEM_ALIGN == 0 && DS_BYTES % SMEM_ALIGN == 0, "tiles start on 1024-byte bounds");
+};
+
+// Where a CTA's tiles and barriers are: shared-window addresses (wgmma, TMA) and, for the float32 rows, pointers.
+template <class T> struct Smem {
+    u32 base;
+    const unsigned char* raw;  // the same byte as `base`, as a generic pointer
+    u64* kv_full;              // "K and V have landed"
+    u64* q_full;               // [s] "slot s holds Q_m, dO_m, lse2, delta"
+    u64* q_empty;              // [s] "every consumer warp is done with slot s"
+    DEVICE u32 sK() const { return base; }
+    DEVICE u32 sV() const { return base + T::KV_BYTES; }
+    DEVICE u32 sQ(int s) const { return base + T::RING + s * 2 * T::Q_BYTES; }
+    DEVICE u32 sdO(int s) const { return sQ(s) + T::Q_BYTES; }
+    DEVICE u32 sdS(int b) const { return base + T::DS + b * T::DS_BYTES; }
+    DEVICE u32 rows(int s) const { return base + T::ROWS + s * 2 * T::ROW_BYTES; }  // lse2, then delta
+    DEVICE const float* rows_ptr(int s) const {
+        return reinterpret_cast<const float*>(raw + T::ROWS + s * 2 * T::ROW_BYTES);
+    }
+};
+
+// What every thread of a CTA knows about its problem.
+struct Problem {
+    int Tq, Tk, diag, causal;  // query i sees key j when j < Tk and (not causal or j <= i + diag), diag = Tk - Tq
+    int bh, n, k0;             // (batch, head), the key tile and its first key
+    int m_first, m_count;      // the query tiles this key tile meets
+    float scale, scale_log2;
+};
+
+// The first query tile that sees a key of the tile starting at k0: under the causal mask the first query to see key
+// k0 is k0 - (Tk - Tq). Producer and consumers both use it, so they agree on the ring's turns.
+template <int BLOCK_M> DEVICE int first_query_tile(int k0, int Tq, int Tk, int causal) {
+    return causal ? max(0, k0 - (Tk - Tq)) / BLOCK_M : 0;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr int WGMMA_K = 16;
+constexpr int BAR_DS_READY = 1;                             // named barriers of the two consumer warpgroups
+constexpr int BAR_DQ_TURN = 2;
+
+// ---------------------------------------------------------------------------------------------
+// The producer: one thread of warpgroup 0
+// ---------------------------------------------------------------------------------------------
+
+// K and V once; then for each query tile Q, dO (D / 64 boxes each) and the tile's lse2 and delta rows (plain bulk
+// copies: the workspace rows are padded to Tq_pad, so every copy lies inside it) into the next ring slot.
+template <class T>
+DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q, const TensorMap& map_k,
+                    const TensorMap& map_v, const TensorMap& map_do, const float* lse2, const float* delta) {
+    prefetch_tensor_map(map_q);
+    prefetch_tensor_map(map_k);
+    prefetch_tensor_map(map_v);
+    prefetch_tensor_map(map_do);
+    mbar_arrive_expect_tx(smem_addr(sm.kv_full), 2 * T::KV_BYTES);
+#pragma unroll
+    for (int h = 0; h < T::HALVES; ++h) {
+        const u32 half = h * BLOCK_N * SWIZZLE_BYTES;
+        tma_load_3d(sm.sK() + half, map_k, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
+        tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
+    }
+    RingPos<STAGES> pos;
+    const long long row0 = static_cast<long long>(pb.bh) * pb.m_count * T::BLOCK_M;  // this head's padded rows
+    for (int m = pb.m_first; m < pb.m_count; ++m) {
+        mbar_wait(smem_addr(&sm.q_empty[pos.s]), pos.phase ^ 1);
+        const u32 bar = smem_addr(&sm.q_full[pos.s]);
+        mbar_arrive_expect_tx(bar, T::TX_BYTES);
+#pragma unroll
+        for (int h = 0; h < T::HALVES; ++h) {
+            const u32 half = h * T::BLOCK_M * SWIZZLE_BYTES;
+            tma_load_3d(sm.sQ(pos.s) + half, map_q, h * SWIZZLE_ELEMS, m * T::BLOCK_M, pb.bh, bar);
+            tma_load_3d(sm.sdO(pos.s) + half, map_do, h * SWIZZLE_ELEMS, m * T::BLOCK_M, pb.bh, bar);
+        }
+        const long long row = row0 + m * T::BLOCK_M;
+        bulk_load(sm.rows(pos.s), lse2 + row, T::ROW_BYTES, bar);
+        bulk_load(sm.rows(pos.s) + T::ROW_BYTES, delta + row, T::ROW_BYTES, bar);
+        pos.advance();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The consumers: warpgroups 1 and 2, 64 keys each. Accumulators of m64nN: thread (warp w, lane 4 g + t) holds
+// d[4 i + e] at row 16 w + g, column 8 i + 2 t + e, and d[4 i + 2 + e] at row 16 w + g + 8 (e = 0, 1).
+// ---------------------------------------------------------------------------------------------
+
+// acc (64 rows x BLOCK_M queries) = X_c Y^T, X = this warpgroup's 64 rows of sK or sV, Y = sQ or sdO: K-major
+// both, as S = Q K^T in hopper_attn.cu; k-step kk in half kk / 4 at byte 32 (kk % 4) of each row. One commit group.
+template <class T, bool BF16>
+DEVICE void issue_scores(float (&acc)[T::S_ACC], u32 x_rows, u32 y_tile) {
+    constexpr int D = T::HEAD_DIM;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / WGMMA_K; ++kk) {
+        const u32 off = (kk % 4) * WGMMA_K * ELEM_BYTES;
+        wgmma_ss<BF16>(acc, kmajor_descriptor(x_rows + (kk / 4) * BLOCK_N * SWIZZLE_BYTES + off),
+                       kmajor_descriptor(y_tile + (kk / 4) * T::BLOCK_M * SWIZZLE_BYTES + off), kk > 0);
+    }
+    wgmma_commit();
+}
+
+// Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
+// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or (causal) key > query + diag; a select,
+// not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
+template <bool MASK, int N>
+DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
+                          const Problem& pb, const int (&key)[2], int q0, int t) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {                 // query columns 8 i + 2 t, + 1
+        const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int idx = 4 * i + 2 * h + e;
+                float p = exp2_ftz(fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x)));
+                if (MASK) {
+                    const int q = q0 + 8 * i + 2 * t + e;
+                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | ((pb.causal != 0) & (key[h] > q + pb.diag));
+                    p = hidden ? 0.0f : p;
+                }
+                acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
+                acc_s[idx] = p;
+            }
+        }
+    }
+}
+
+// Step c: P^T and dS^T to 16 bits (register j = values 2 j, 2 j + 1: the RS A-operand order, as to_p in
+// hopper_attn.cu), and dS^T into sdS, key row r = 64 c + 16 w + g (+ 8), query column 8 i + 2 t in 64-query half
+// i / 8, at chunk (i % 8) ^ (r % 8) of the swizzled row (r % 8 = g); then fenced for wgmma and both consumers wait.
+template <int N, bool BF16>
+DEVICE void stash_ds(const float (&acc_s)[N], const float (&acc_dp)[N], u32 (&p)[N / 2], u32 (&ds)[N / 2], u32 sds,
+                     int r0, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+        p[j] = pack2<BF16>(acc_s[2 * j], acc_s[2 * j + 1]);
+        ds[j] = pack2<BF16>(acc_dp[2 * j], acc_dp[2 * j + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            st_shared_u32(sds + (i / 8) * BLOCK_N * SWIZZLE_BYTES + r * SWIZZLE_BYTES + (((i % 8) ^ g) * 16) + 4 * t,
+                          ds[2 * i + h]);
+        }
+    fence_async_shared();
+    named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
+}
+
+// Step d, one commit group, waited for: dV += P^T dO and dK += dS^T Q (A from registers, B N-major: k-step kk =
+// queries 16 kk .., rows 16 kk of the tile, 2048 bytes each; the next 64 columns one BLOCK_M-row half further), and
+// dQ_part = dS K over the CTA's 128 keys (A = sdS M-major, B = sK N-major, k-step kk = keys 16 kk ..).
+template <class T, bool BF16>
+DEVICE void accumulate(float (&acc_dv)[T::KV_ACC], float (&acc_dk)[T::KV_ACC], float (&acc_dq)[T::DQ_ACC],
+                       u32 (&p)[T::A_REGS], u32 (&ds)[T::A_REGS], u32 sq, u32 sdo, u32 sds_c, u32 sk_c) {
+    constexpr u32 TILE_HALF = T::BLOCK_M * SWIZZLE_BYTES, KEY_HALF = BLOCK_N * SWIZZLE_BYTES;
+    constexpr u32 STEP = WGMMA_K * SWIZZLE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < T::BLOCK_M / WGMMA_K; ++kk) {
+        const u32 pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma_rs<BF16>(acc_dv, pa, mn_major_descriptor(sdo + kk * STEP, TILE_HALF));
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::BLOCK_M / WGMMA_K; ++kk) {
+        const u32 da[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
+        wgmma_rs<BF16>(acc_dk, da, mn_major_descriptor(sq + kk * STEP, TILE_HALF));
+    }
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / WGMMA_K; ++kk)
+        wgmma_ss<BF16, true, true>(acc_dq, mn_major_descriptor(sds_c + kk * STEP, KEY_HALF),
+                                   mn_major_descriptor(sk_c + kk * STEP, KEY_HALF), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(acc_dv);
+    wgmma_pin(acc_dk);
+    wgmma_pin(acc_dq);
+    wgmma_pin(p);
+    wgmma_pin(ds);
+}
+
+// Step e: dQ_acc[q0 + row0 + 16 w + g (+ 8)][col0 + 8 i + 2 t, + 1] += acc_dq, rows < Tq, two floats per atomic.
+// IN_ORDER (the DETERMINISTIC = 1 build): key tile n adds only once turns[b h, m] == n (set by tile n - 1), and then
+// sets it to n + 1: every element of dQ_acc receives its key tiles' parts in the order n = 0, 1, ..., so dQ is the
+// same bit for bit. (The tiles that meet query tile m are a prefix n = 0 .. N_m: m_first grows with n.)
+template <class T, bool IN_ORDER>
+DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], float* dq_acc, int* turns, const Problem& pb, int m, int row0,
+                   int col0, bool leader) {
+    constexpr int D = T::HEAD_DIM;
+    int* const turn = turns + static_cast<long long>(pb.bh) * pb.m_count + m;
+    if constexpr (IN_ORDER) {
+        if (leader)
+            while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+        named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
+    }
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = m * T::BLOCK_M + row0 + 16 * warp + g + 8 * h;
+        if (q < pb.Tq) {
+            float* const dst = dq_acc + (static_cast<long long>(pb.bh) * pb.Tq + q) * D + col0 + 2 * t;
+#pragma unroll
+            for (int i = 0; i < T::DQ_ACC / 4; ++i)
+                atomicAdd(reinterpret_cast<float2*>(dst + 8 * i),
+                          make_float2(acc_dq[4 * i + 2 * h], acc_dq[4 * i + 2 * h + 1]));
+        }
+    }
+    if constexpr (IN_ORDER) {
+        __threadfence();
+        named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
+        if (leader) st_release_gpu(turn, pb.n + 1);
+    }
+}
+
+// The end: dK = scale dK and dV in 16 bits for the thread's keys k0 + 64 c + 16 w + g (+ 8) < Tk.
+template <class T, bool BF16>
+DEVICE void store_dk_dv(const float (&acc_dk)[T::KV_ACC], const float (&acc_dv)[T::KV_ACC], u16* dk, u16* dv,
+                        const Problem& pb, const int (&key)[2], int t) {
+    constexpr int D = T::HEAD_DIM;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (key[h] < pb.Tk) {
+            const long long at = (static_cast<long long>(pb.bh) * pb.Tk + key[h]) * D + 2 * t;
+#pragma unroll
+            for (int i = 0; i < T::KV_ACC / 4; ++i) {
+                const int a = 4 * i + 2 * h;
+                *reinterpret_cast<u32*>(dk + at + 8 * i) = pack2<BF16>(acc_dk[a] * pb.scale, acc_dk[a + 1] * pb.scale);
+                *reinterpret_cast<u32*>(dv + at + 8 * i) = pack2<BF16>(acc_dv[a], acc_dv[a + 1]);
+            }
+        }
+    }
+}
+
+// One consumer warpgroup c (0 or 1): its 64 keys against every query tile of the CTA, steps a .. e per tile.
+template <class T, bool BF16, bool IN_ORDER>
+DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, int* turns, u16* dk, u16* dv) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
+    const int r0 = c * WGMMA_M + 16 * warp + g;                  // this thread's first key row in the CTA's tile
+    const int key[2] = {pb.k0 + r0, pb.k0 + r0 + 8};
+    const int k_last = pb.k0 + c * WGMMA_M + WGMMA_M - 1;         // the warpgroup's last key
+    const u32 sk_rows = sm.sK() + c * WGMMA_M * SWIZZLE_BYTES, sv_rows = sm.sV() + c * WGMMA_M * SWIZZLE_BYTES;
+    // this warpgroup's share of dQ_part: A = its 64-query half of sdS, or B = its 64-column half of sK
+    const u32 ds_half = T::DQ_SPLIT_ROWS ? c * BLOCK_N * SWIZZLE_BYTES : 0;
+    const u32 sk_dq = sm.sK() + (T::DQ_SPLIT_ROWS ? 0 : c * BLOCK_N * SWIZZLE_BYTES);
+    const int dq_row0 = T::DQ_SPLIT_ROWS ? c * WGMMA_M : 0, dq_col0 = T::DQ_SPLIT_ROWS ? 0 : c * WGMMA_M;
+    const bool leader = c == 0 && threadIdx.x % WARPGROUP == 0;
+
+    float acc_dk[T::KV_ACC], acc_dv[T::KV_ACC];
+#pragma unroll
+    for (int i = 0; i < T::KV_ACC; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
+    if (pb.m_first < pb.m_count) mbar_wait(smem_addr(sm.kv_full), 0);
+    RingPos<STAGES> pos;
+    for (int m = pb.m_first; m < pb.m_count; ++m) {
+        const int q0 = m * T::BLOCK_M, buf = (m - pb.m_first) & 1;
+        mbar_wait(smem_addr(&sm.q_full[pos.s]), pos.phase);
+        // ---- a. S^T = K_c Q^T and dP^T = V_c dO^T ----
+        float acc_s[T::S_ACC], acc_dp[T::S_ACC];
+        issue_scores<T, BF16>(acc_s, sk_rows, sm.sQ(pos.s));
+        issue_scores<T, BF16>(acc_dp, sv_rows, sm.sdO(pos.s));
+        wgmma_wait<0>();
+        wgmma_pin(acc_s);
+        wgmma_pin(acc_dp);
+        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
+        const float* lse2 = sm.rows_ptr(pos.s);
+        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
+        if (mask)
+            probabilities<true>(acc_s, acc_dp, lse2, lse2 + T::BLOCK_M, pb, key, q0, t);
+        else
+            probabilities<false>(acc_s, acc_dp, lse2, lse2 + T::BLOCK_M, pb, key, q0, t);
+        // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
+        u32 p[T::A_REGS], ds[T::A_REGS];
+        stash_ds<T::S_ACC, BF16>(acc_s, acc_dp, p, ds, sm.sdS(buf), r0, g, t);
+        // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
+        float acc_dq[T::DQ_ACC];
+        accumulate<T, BF16>(acc_dv, acc_dk, acc_dq, p, ds, sm.sQ(pos.s), sm.sdO(pos.s), sm.sdS(buf) + ds_half, sk_dq);
+        __syncwarp();  // every lane's reads of the slot's lse2 and delta rows come before lane 0 hands it back
+        if (lane == 0) mbar_arrive(smem_addr(&sm.q_empty[pos.s]));
+        pos.advance();
+        // ---- e. dQ_acc += dQ_part ----
+        add_dq<T, IN_ORDER>(acc_dq, dq_acc, turns, pb, m, dq_row0, dq_col0, leader);
+    }
+    store_dk_dv<T, BF16>(acc_dk, acc_dv, dk, dv, pb, key, t);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 1: delta = rowsum(dO o) - dlse, lse2 = lse log2 e (+inf for lse = -inf and padding rows), dQ_acc row = 0,
+// turns = 0. One warp per padded row (b h, i), i < Tq_pad; lane l holds columns 2 P l .. 2 P l + 2 P - 1 of the row,
+// P = d / 64 pairs of 16-bit values.
+// ---------------------------------------------------------------------------------------------
+template <bool BF16>
+DEVICE void preprocess(const u16* __restrict__ o, const u16* __restrict__ dout, const float* __restrict__ lse,
+                       const float* __restrict__ dlse, float* __restrict__ lse2, float* __restrict__ delta,
+                       float* __restrict__ dq_acc, int* __restrict__ turns, int d, int Tq, int Tq_pad,
+                       long long padded_rows, int n_turns) {
+    const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (gid < n_turns) turns[gid] = 0;
+    const long long row = gid / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= padded_rows) return;
+    const long long bh = row / Tq_pad;
+    const int i = static_cast<int>(row % Tq_pad);
+    if (i >= Tq) {                                   // padding: P = 2^-inf = 0 there
+        if (lane == 0) {
+            lse2[row] = __int_as_float(0x7f800000);
+            delta[row] = 0.0f;
+        }
+        return;
+    }
+    const int pairs = d / 64;
+    const long long src = (bh * Tq + i) * d + lane * 2 * pairs;
+    float sum = 0.0f;
+    for (int j = 0; j < pairs; ++j) {
+        const float2 a = unpack2<BF16>(reinterpret_cast<const u32*>(o + src)[j]);
+        const float2 b = unpack2<BF16>(reinterpret_cast<const u32*>(dout + src)[j]);
+        sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+        reinterpret_cast<float2*>(dq_acc + src)[j] = make_float2(0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+        const float l = lse[bh * Tq + i];
+        lse2[row] = l == -__int_as_float(0x7f800000) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
+        delta[row] = sum - (dlse != nullptr ? dlse[bh * Tq + i] : 0.0f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 2: the main kernel (the steps above), one CTA per (key tile, b h)
+// ---------------------------------------------------------------------------------------------
+template <int D, bool BF16>
+DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
+                               const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
+                               int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
+                               int causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = Shape<D>;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ alignas(8) u64 kv_full;
+    __shared__ alignas(8) u64 q_full[STAGES];
+    __shared__ alignas(8) u64 q_empty[STAGES];
+
+    // ---- set-up: the CTA's key tile and query tiles, the shared memory aligned, the barriers initialised ----------
+    const int n_count = (Tk + BLOCK_N - 1) / BLOCK_N;
+    Problem pb;
+    pb.Tq = Tq;
+    pb.Tk = Tk;
+    pb.diag = Tk - Tq;
+    pb.causal = causal;
+    pb.n = blockIdx.x % n_count;
+    pb.bh = blockIdx.x / n_count;
+    pb.k0 = pb.n * BLOCK_N;
+    pb.m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
+    pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);
+    pb.scale = scale;
+    pb.scale_log2 = scale_log2;
+    const u32 raw = smem_addr(smem_raw);
+    const u32 base = (raw + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
+    const Smem<T> sm{base, smem_raw + (base - raw), &kv_full, q_full, q_empty};
+    if (threadIdx.x == 0) {
+        mbar_init(smem_addr(&kv_full), 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_addr(&q_full[s]), 1);
+            mbar_init(smem_addr(&q_empty[s]), T::CONSUMER_WARPS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    // ---- warp specialisation: warpgroup 0 loads, warpgroups 1 and 2 compute ---------------------------------------
+    const int warpgroup = threadIdx.x / WARPGROUP;
+    if (warpgroup == 0) {
+        regs_decrease<T::PRODUCER_REGS>();
+        if (threadIdx.x == 0 && pb.m_first < pb.m_count) produce(sm, pb, map_q, map_k, map_v, map_do, lse2, delta);
+    } else {
+        regs_increase<T::CONSUMER_REGS>();
+        consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, dq_acc, turns, dk, dv);
+    }
+#else
+    __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel 3: dq = scale dQ_acc in 16 bits, four elements per step of a grid-stride loop (D % 4 == 0).
+// ---------------------------------------------------------------------------------------------
+template <bool BF16>
+DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, long long quads, float scale) {
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
+        const float4 x = reinterpret_cast<const float4*>(dq_acc)[i];
+        reinterpret_cast<uint2*>(dq)[i] = make_uint2(pack2<BF16>(x.x * scale, x.y * scale),
+                                                     pack2<BF16>(x.z * scale, x.w * scale));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points, with the signatures of the header's "Kernels": float16 or bfloat16; D = 64 or 128 for the main one
+// ---------------------------------------------------------------------------------------------
+#define PRE_PARAMS                                                                                                  \
+    const u16* o, const u16* dout, const float* lse, const float* dlse, float* lse2, float* delta, float* dq_acc,   \
+    int* turns, int d, int Tq, int Tq_pad, long long padded_rows, int n_turns
+#define PRE_ARGS o, dout, lse, dlse, lse2, delta, dq_acc, turns, d, Tq, Tq_pad, padded_rows, n_turns
+#define MAIN_PARAMS                                                                                                 \
+    const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
+    const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
+    const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
+    int causal
+#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, causal
+#define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
+
+extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {
+    preprocess<false>(PRE_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_bf16(PRE_PARAMS) {
+    preprocess<true>(PRE_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d64(MAIN_PARAMS) {
+    attention_backward<64, false>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_f16_d128(MAIN_PARAMS) {
+    attention_backward<128, false>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d64(MAIN_PARAMS) {
+    attention_backward<64, true>(MAIN_ARGS);
+}
+extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d128(MAIN_PARAMS) {
+    attention_backward<128, true>(MAIN_ARGS);
+}
+extern "C" __global__ void hopper_bwd_postprocess_f16(const float* dq_acc, u16* dq, long long quads, float scale) {
+    postprocess<false>(dq_acc, dq, quads, scale);
+}
+extern "C" __global__ void hopper_bwd_postprocess_bf16(const float* dq_acc, u16* dq, long long quads, float scale) {
+    postprocess<true>(dq_acc, dq, quads, scale);
+}

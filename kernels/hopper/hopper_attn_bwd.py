@@ -1,0 +1,169 @@
+"""Launcher for kernels/hopper/hopper_attn_bwd.cu: a FlashAttention-3-style backward on Hopper (TMA + wgmma, fp16/bf16).
+
+    o, lse = hopper_attn.forward(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = backward(q, k, v, o, lse, do, causal=True)                 # same layouts and dtype as q, k, v
+    dq, dk, dv = backward(q, k, v, o, lse, do, causal=True, deterministic=True)   # dq the same bit for bit each run
+
+Three launches on CuPy's current stream: preprocess (delta = rowsum(dO * O), lse in log2 units, the float32 dQ
+accumulator and the turn counters zeroed), the main kernel (one CTA per 128-key tile of one (batch, head), K and V
+resident, the query tiles streamed in by TMA; dK, dV in registers, dQ by float32 atomics) and a postprocess kernel
+(dq = scale * accumulator in 16 bits). The .cu header has the algorithm; kernels/hopper/README.md ("The backward")
+the design and what is not done yet.
+
+Same contract as flash2_mma_bwd.backward, for d = 64 or 128 only, and any finite scale (negative too, as the
+forward). deterministic=True uses the build compiled with -D DETERMINISTIC=1: the key tiles add their parts of dQ in
+a fixed order, one after the other per query tile, so dq is bitwise repeatable (dk and dv always are).
+Not yet the PyTorch operator's backward: that switch waits for this kernel's GPU verification.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import hopper_gemm
+from .hopper_attn import ARCH, HEAD_DIMS, LOG2E, MAX_D, MIN_CC  # sm_90a, (9, 0), (64, 128): the forward's
+from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
+                    dtype_set, get_kernel, validate_attention)
+
+KERNEL_FILE = "hopper_attn_bwd.cu"
+WHAT = "hopper_fa3 attention backward (wgmma + TMA)"
+BLOCK_M = {64: 128, 128: 64}  # query rows per tile (-D BLOCK_M_D64, BLOCK_M_D128): 128 + d <= 192 registers
+BLOCK_N = 128  # keys per CTA: two consumer warpgroups of 64 (fixed in the .cu)
+STAGES = 2  # Q/dO ring slots
+PRE_WARPS = 4  # rows per preprocess block
+THREADS = 384  # a producer warpgroup and two consumer warpgroups
+LAUNCH_REGS = 65536 // THREADS // 8 * 8  # 168: what setmaxnreg's budget (24 + 2 x 240) assumes
+ELEM_BYTES = 2
+SMEM_ALIGN = 1024
+SMEM_LIMIT = 227 * 1024
+ALIGN = 16  # bytes: TMA base addresses, the float4 reads of the accumulator
+CARVEOUT_MAX_SHARED = 100
+POST_BLOCK = 256
+POST_MAX_BLOCKS = 8192  # grid-stride loop beyond this
+
+DEFINES = defines_from(BLOCK_M_D64=BLOCK_M[64], BLOCK_M_D128=BLOCK_M[128], STAGES=STAGES, PRE_WARPS=PRE_WARPS)
+ORDER_DEFINES = {False: defines_from(DETERMINISTIC=0), True: defines_from(DETERMINISTIC=1)}
+# What tests/test_compile.py builds (for sm_80 .. sm_90, where the main kernels are stubs): the .cu defaults. The
+# deterministic build, its own -D, is compiled for sm_90a by tests/test_hopper_attn_bwd_compile.py.
+NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False])]
+
+DTYPES = ("float16", "bfloat16")
+DTYPE_SET = dtype_set(DTYPES)
+F32 = dtype_set(("float32",))
+_TAG = {"float16": "f16", "bfloat16": "bf16"}
+MAIN_NAMES = {(dt, d): f"hopper_bwd_{_TAG[dt]}_d{d}" for dt in DTYPES for d in HEAD_DIMS}
+PRE_NAMES = {dt: f"hopper_bwd_preprocess_{_TAG[dt]}" for dt in DTYPES}
+POST_NAMES = {dt: f"hopper_bwd_postprocess_{_TAG[dt]}" for dt in DTYPES}
+
+
+def smem_bytes(d: int) -> int:
+    """Dynamic shared memory of the main kernel (Shape<D>::SMEM_BYTES): K and V, STAGES x (Q, dO, lse2 and delta
+    rows), two dS^T buffers, alignment slack."""
+    bm = BLOCK_M[d]
+    return (2 * BLOCK_N * d * ELEM_BYTES + STAGES * (2 * bm * d * ELEM_BYTES + 2 * 4 * bm)
+            + 2 * BLOCK_N * bm * ELEM_BYTES + SMEM_ALIGN)
+
+
+def padded_rows(Tq: int, d: int) -> int:
+    """Tq_pad: the query rows per head of the lse2 and delta workspace, a whole number of tiles (the kernel copies
+    one tile's rows at a time, with no zero fill)."""
+    return ceil_div(Tq, BLOCK_M[d]) * BLOCK_M[d]
+
+
+def workspace_elements(B: int, H: int, Tq: int, d: int) -> int:
+    """float32 elements of the workspace: dq_acc (B H Tq d), lse2 and delta (B H Tq_pad each), the turn counters
+    (B H m_count int32)."""
+    BH = B * H
+    return BH * Tq * d + 2 * BH * padded_rows(Tq, d) + BH * ceil_div(Tq, BLOCK_M[d])
+
+
+_CHECKED: set = set()
+
+
+def kernels(dtype: str, d: int, deterministic: bool, dev: int):
+    """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
+    count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS)."""
+    defines = DEFINES + ORDER_DEFINES[bool(deterministic)]
+    main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
+                      carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
+    key = (dtype, d, bool(deterministic), dev)
+    if key not in _CHECKED:
+        if main.num_regs != LAUNCH_REGS:
+            raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
+                               f"thread; its setmaxnreg budget needs exactly {LAUNCH_REGS} (launching it could hang)")
+        _CHECKED.add(key)
+    pre = get_kernel(KERNEL_FILE, PRE_NAMES[dtype], defines=defines, arch=ARCH)
+    post = get_kernel(KERNEL_FILE, POST_NAMES[dtype], defines=defines, arch=ARCH)
+    return pre, main, post
+
+
+def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
+    check_array(x, name, dtypes=dtypes, ndim=len(shape), dev=dev)
+    if x.shape != shape:
+        raise ValueError(f"{name} has shape {x.shape}; it must be {shape}")
+    if x.data.ptr % ALIGN:
+        raise ValueError(f"{name} starts at {x.data.ptr:#x}, not {ALIGN}-byte aligned ({WHAT} reads it by TMA or "
+                         f"in 16-byte vectors)")
+
+
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None):
+    """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
+
+    q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays of one dtype, 16-byte
+    aligned, d = 64 or 128; lse (B, H, Tq) float32, natural log, as hopper_attn.forward(..., return_lse=True) gives it
+    (-inf for a row that sees no key). causal, scale: as in the forward (scale defaults to 1/sqrt(d); any finite
+    value). deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's
+    dQ). dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse).
+    Raises TypeError / ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a
+    Hopper (compute capability 9.x).
+    """
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
+                                                scale=scale, align=ALIGN)
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS}")
+    dev = current_device()
+    same = dtype_set((q.dtype.name,))
+    _check_like(o, "o", q.shape, same, dev)
+    _check_like(do, "do", q.shape, same, dev)
+    _check_like(lse, "lse", (B, H, Tq), F32, dev)
+    if dlse is not None:
+        _check_like(dlse, "dlse", (B, H, Tq), F32, dev)
+    limit = INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)
+    if max(Tq, Tk) > limit:
+        raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
+    BH = B * H
+    n_count = ceil_div(Tk, BLOCK_N)
+    check_grid(n_count * BH, WHAT)
+    hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
+    dtype = q.dtype.name
+    pre, main, post = kernels(dtype, d, deterministic, dev)
+
+    Tq_pad = padded_rows(Tq, d)
+    m_count = Tq_pad // BLOCK_M[d]
+    workspace = cp.empty(workspace_elements(B, H, Tq, d), dtype=cp.float32)
+    acc_end = BH * Tq * d  # dq_acc first: the allocation's aligned start, for the float4 reads
+    dq_acc = workspace[:acc_end]
+    lse2 = workspace[acc_end:acc_end + BH * Tq_pad]
+    delta = workspace[acc_end + BH * Tq_pad:acc_end + 2 * BH * Tq_pad]
+    turns = workspace[acc_end + 2 * BH * Tq_pad:].view(cp.int32)
+    dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+
+    rows = BH * Tq_pad
+    pre((check_grid(ceil_div(rows, PRE_WARPS), WHAT),), (32 * PRE_WARPS,),
+        (o, do, lse, NULL if dlse is None else dlse, lse2, delta, dq_acc, turns, np.int32(d), np.int32(Tq),
+         np.int32(Tq_pad), np.int64(rows), np.int32(BH * m_count)))
+    map_q = hopper_gemm.tensor_map(q, BH, Tq, d, BLOCK_M[d])  # boxes of 64 columns x rows, 128-byte swizzle
+    map_do = hopper_gemm.tensor_map(do, BH, Tq, d, BLOCK_M[d])
+    map_k = hopper_gemm.tensor_map(k, BH, Tk, d, BLOCK_N)
+    map_v = hopper_gemm.tensor_map(v, BH, Tk, d, BLOCK_N)
+    main((n_count * BH,), (THREADS,),
+         (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, np.int32(Tq), np.int32(Tk),
+          np.float32(scale * LOG2E), np.float32(scale), np.int32(bool(causal))), shared_mem=smem_bytes(d))
+    quads = BH * Tq * d // 4
+    post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
+         (dq_acc, dq, np.int64(quads), np.float32(scale)))
+    return dq, dk, dv
+
+
+assert hopper_gemm.BLOCK_K * ELEM_BYTES == 128  # tensor_map's box is one 128-byte swizzle row wide
+assert all(smem_bytes(d) + 8 * (1 + 2 * STAGES) <= SMEM_LIMIT for d in HEAD_DIMS)

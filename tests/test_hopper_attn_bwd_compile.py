@@ -1,0 +1,151 @@
+"""kernels/hopper/hopper_attn_bwd.cu built for sm_90a without a GPU: the Hopper instructions are in the machine code.
+
+Each NVRTC build of kernels.hopper.hopper_attn_bwd (NVRTC_BUILDS, and the deterministic build, -D DETERMINISTIC=1),
+compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the tools come from).
+Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 128 keys, 64 per consumer warpgroup):
+
+    HGMMA.64xBLOCK_Mx16.F32[.BF16]  Rd, gdesc       S^T = K Q^T and dP^T = V dO^T (SS, both K-major): 2 x D/16
+    HGMMA.64xDx16 ...  Rd, Ra, gdesc.tnspB           dV += P^T dO, dK += dS^T Q (RS, B N-major): 2 x BLOCK_M/16
+    HGMMA.64x64x16 ... Rd, gdesc.tnspA.tnspB        dQ_part = dS K (SS, both MN-major): 128/16 = 8
+    UTMALDG.3D   K, V (D/64 boxes each, once) and Q, dO (D/64 boxes each, per query tile)
+    UBLKCP       the lse2 and delta rows (plain bulk copies)
+    REDG / ATOMG float32 reductions into the dQ accumulator; NANOSLEEP only in the deterministic build (its turn)
+
+(each product once: the masked and unmasked paths of step b meet before the products), the 168 registers that
+setmaxnreg's budget assumes (24 + 2 x 240 = 3 x 168), no local memory (spills), four 128-byte tensor-map parameters,
+and the shared-memory formula of the launcher.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+import pytest
+
+from kernels import core
+from kernels.hopper import hopper_attn_bwd as B
+from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
+
+ARCH = "sm_90a"
+# HGMMA.64xNx16.F32[.BF16] Rd, [Ra,] gdesc[URx][.tnspA][.tnspB], ...: one descriptor register pair holds both
+# shared-memory operands (SS) or B alone (RS, A from registers Ra)
+HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+,\s*)?gdesc\[\w+\]((?:\.tnspA)?(?:\.tnspB)?)")
+BUILDS = {False: B.NVRTC_BUILDS[0][1], True: B.DEFINES + B.ORDER_DEFINES[True]}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["atomic", "deterministic"])
+def deterministic(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory, deterministic):
+    if not _nvrtc_available():
+        pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
+    source = core.kernel_path(B.KERNEL_FILE).read_text()
+    data, log = core.compile_cubin(source, B.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + BUILDS[deterministic])
+    assert "warning" not in log.lower(), f"{B.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
+    path = tmp_path_factory.mktemp("hopper_attn_bwd") / "hopper_attn_bwd_sm_90a.cubin"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cuobjdump(cubin):
+    return cuobjdump_for(cubin)
+
+
+@pytest.fixture(scope="module")
+def sass(cubin, cuobjdump):
+    return _per_function(_run(cuobjdump, "-sass", str(cubin)), r"Function : (\w+)")
+
+
+def test_nvrtc_builds_hold_every_kernel(sass):
+    names = set(B.MAIN_NAMES.values()) | set(B.PRE_NAMES.values()) | set(B.POST_NAMES.values())
+    assert names <= set(sass), f"missing: {sorted(names - set(sass))}"
+
+
+@pytest.mark.parametrize("key", sorted(B.MAIN_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
+def test_sass_has_the_five_products_and_tma(sass, deterministic, key, capsys):
+    dtype, D = key
+    name = B.MAIN_NAMES[key]
+    code = sass[name]
+    found = HGMMA.findall(code)
+    assert found and all(bool(bf) == (dtype == "bfloat16") for _, bf, _, _ in found), f"{name}: HGMMA types"
+    forms = Counter()
+    for n, _, ra, tr in found:
+        form = "rs" if ra else ("ss_t" if ".tnspA" in tr else "ss")
+        forms[(form, int(n), ".tnspB" in tr)] += 1
+    bm = B.BLOCK_M[D]
+    scores, grads, dq = forms[("ss", bm, False)], forms[("rs", D, True)], forms[("ss_t", 64, True)]
+    assert scores == 2 * D // 16, f"{name}: S^T, dP^T: {forms}"
+    assert grads == 2 * bm // 16, f"{name}: dV, dK: {forms}"
+    assert dq == B.BLOCK_N // 16, f"{name}: dQ: {forms}"
+    assert sum(forms.values()) == len(re.findall(r"\bHGMMA\b", code)), f"{name}: an HGMMA of another form: {forms}"
+    utmaldg = len(re.findall(r"\bUTMALDG\.3D\b", code))
+    assert utmaldg == 4 * (D // 64), f"{name}: expected {4 * (D // 64)} UTMALDG.3D (K, V, Q, dO per 64 columns)"
+    assert len(re.findall(r"\bUBLKCP\b", code)) == 2, f"{name}: expected 2 UBLKCP (lse2, delta)"
+    reductions = len(re.findall(r"\b(?:REDG|ATOMG)\.E\.ADD\.F32", code))
+    assert reductions >= 1, f"{name}: no float32 reduction into the dQ accumulator"
+    assert (len(re.findall(r"\bNANOSLEEP\b", code)) > 0) == deterministic, f"{name}: the turn's spin loop"
+    assert len(re.findall(r"\bUSETMAXREG\b", code)) >= 2, f"{name}: expected setmaxnreg (USETMAXREG)"
+    spills = len(re.findall(r"\b(?:LDL|STL)\b", code))
+    assert spills == 0, f"{name}: {spills} local-memory loads/stores (register spills)"
+    with capsys.disabled():
+        print(f"\n{name} ({ARCH}, deterministic={int(deterministic)}): HGMMA {dict(forms)}, UTMALDG {utmaldg}, "
+              f"reductions {reductions}, {len(code.splitlines())} SASS lines")
+
+
+def test_register_budget_and_no_local_memory(cubin, cuobjdump):
+    usage = _run(cuobjdump, "-res-usage", str(cubin))
+    found = re.findall(r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    mains = {v: k[1] for k, v in B.MAIN_NAMES.items()}
+    assert set(mains) <= {f[0] for f in found}, usage
+    for name, reg, stack, shared, local in found:
+        assert int(stack) == 0 and int(local) == 0, f"{name}: stack {stack}, local {local} bytes (spills)"
+        if name in mains:
+            assert int(reg) == B.LAUNCH_REGS, f"{name}: {reg} registers; setmaxnreg's budget assumes {B.LAUNCH_REGS}"
+            assert int(shared) + B.smem_bytes(mains[name]) <= 227 * 1024 + 1024, f"{name}: static {shared} bytes"
+
+
+def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
+    """map_q, map_k, map_v, map_do by value, then lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale,
+    causal."""
+    info = _per_function(_run(cuobjdump, "-elf", str(cubin)), r"^\.nv\.info\.(\w+)")
+    for name in B.MAIN_NAMES.values():
+        params = {int(o, 16): int(s, 16) for o, s in
+                  re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
+        assert params == {0: 128, 1: 128, 2: 128, 3: 128, 4: 8, 5: 8, 6: 8, 7: 8, 8: 8, 9: 8, 10: 4, 11: 4, 12: 4,
+                          13: 4, 14: 4}, f"{name}: {params}"
+
+
+def test_constants_agree_with_the_kernel():
+    source = core.kernel_path(B.KERNEL_FILE).read_text()
+    assert "SMEM_BYTES = ROWS + STAGES * 2 * ROW_BYTES + SMEM_ALIGN" in source
+    assert [B.smem_bytes(d) for d in B.HEAD_DIMS] == [166912, 165888]  # the figures in the .cu header
+    assert "166912 (D = 64) and 165888 bytes (D = 128)" in source
+    for name, value in (("BLOCK_M_D64", B.BLOCK_M[64]), ("BLOCK_M_D128", B.BLOCK_M[128]), ("STAGES", B.STAGES),
+                        ("PRE_WARPS", B.PRE_WARPS), ("DETERMINISTIC", 0)):
+        assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
+    assert "constexpr int BLOCK_N = 128;" in source and B.BLOCK_N == 128
+    assert B.LAUNCH_REGS == 168 and B.THREADS == 384
+    names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)|MAIN_BOUNDS)?\s*(\w+)\(', source))
+    assert names == set(B.MAIN_NAMES.values()) | set(B.PRE_NAMES.values()) | set(B.POST_NAMES.values()), names
+    # the workspace: dq_acc, lse2 and delta padded to whole tiles, the turn counters
+    assert B.workspace_elements(2, 3, 100, 64) == 6 * 100 * 64 + 2 * 6 * 128 + 6 * 1
+    assert B.workspace_elements(1, 1, 130, 128) == 130 * 128 + 2 * 192 + 3
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("det", [0, 1])
+def test_nvcc_builds_sm90a_without_spills(tmp_path, det):
+    cu = core.kernel_path(B.KERNEL_FILE)
+    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
+           f"-DDETERMINISTIC={det}", "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
+    kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES)
+    assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == kernels, res.stderr

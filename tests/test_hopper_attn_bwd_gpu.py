@@ -1,0 +1,138 @@
+"""kernels/hopper/hopper_attn_bwd.py on a Hopper GPU: dq, dk, dv against the float64 reference (reference/backward.py).
+
+The forward is hopper_attn.forward (its o and lse are what this backward is built for). The cases cover what the
+kernel's parts change: one query and one key tile; ragged Tq and Tk (TMA zero-fill, masked P, guarded stores);
+Tq < Tk and Tq > Tk under the causal mask (key tiles that skip leading query tiles; rows that see no key, which must
+get exactly zero dq); many query tiles (the Q/dO ring wraps, the mbarrier phases flip); many key tiles (the dQ
+reductions of several CTAs meet); a larger magnitude (std 10 logits); custom and negative scales; d 64 and 128
+(different BLOCK_M and dQ splits); float16 and bfloat16. Tolerances are kernels.check's (the dtype's row of
+CONTRIBUTING.md's table), as for the mma.sync backward in tests/test_torch_ops_gpu.py. Outputs start as NaN
+(poisoned allocations), so an element the kernels do not write fails. The deterministic build gives the same dq bit
+for bit over three runs. Needs compute capability 9.x; skipped elsewhere with the reason.
+"""
+
+import numpy as np
+import pytest
+
+import kernels
+import reference as R
+from kernels.hopper import hopper_attn as A
+from kernels.hopper import hopper_attn_bwd as B
+
+# (B, H, Tq, Tk, d, causal, dtype, magnitude, scale): what each case exercises
+CASES = [
+    (1, 1, 128, 128, 64, False, "float16", 1.0, None),     # one query tile, one key tile, no mask
+    (1, 2, 64, 128, 128, False, "bfloat16", 1.0, None),    # the same at d = 128 (BLOCK_M = 64)
+    (2, 2, 200, 333, 128, True, "float16", 1.0, None),     # ragged, Tq < Tk, causal (diagonal tiles)
+    (1, 2, 300, 100, 64, True, "bfloat16", 1.0, None),     # Tq > Tk, causal: 200 rows see no key
+    (1, 2, 300, 130, 128, True, "float16", 1.0, None),     # the same at d = 128, a ragged second key tile
+    (1, 2, 77, 513, 128, False, "bfloat16", 1.0, None),    # five key tiles, the last with one key
+    (1, 1, 257, 190, 64, False, "float16", 10.0, None),    # std 10: large logits
+    (1, 2, 150, 150, 128, True, "float16", 1.0, 0.3),      # a custom scale
+    (1, 1, 130, 260, 64, False, "float16", 1.0, -0.1),     # a negative scale
+    (1, 2, 1, 300, 128, True, "bfloat16", 1.0, None),      # Tq = 1: the one query sees every key
+    (2, 3, 700, 650, 64, True, "bfloat16", 1.0, None),     # six query tiles: the 2-slot ring wraps three times
+    (1, 2, 520, 1100, 128, False, "float16", 1.0, None),   # nine query and nine key tiles: dQ from nine CTAs
+]
+
+
+def _no_key_rows(Tq, Tk, causal):
+    return max(Tq - Tk, 0) if causal else 0
+
+
+def _problem(cp, Bn, H, Tq, Tk, d, dtype, mag, seed=0):
+    q, k, v = R.make_qkv(Bn, H, Tq, d, Tk, magnitude=mag, seed=seed, dtype=dtype)
+    do = np.random.default_rng(seed + 1).standard_normal((Bn, H, Tq, d)).astype(dtype)
+    dev = [cp.asarray(x) for x in (q, k, v, do)]
+    host = [x.astype(np.float64) for x in (q, k, v, do)]  # exactly the values the GPU sees
+    return dev, host
+
+
+def _check(cp, case, deterministic=False):
+    Bn, H, Tq, Tk, d, causal, dtype, mag, scale = case
+    (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, Bn, H, Tq, Tk, d, dtype, mag, seed=Tq + Tk + d)
+    o, lse = A.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
+    grads = B.backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
+    refs = R.attention_backward(q64, k64, v64, do64, causal=causal, scale=scale)
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    blind = _no_key_rows(Tq, Tk, causal)
+    if blind:
+        assert not cp.any(grads[0][:, :, :blind].view(cp.int16)), "rows that see no key must get exactly zero dq"
+    return grads
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_backward_matches_reference(hopper, poison, case):
+    _check(hopper, case)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[3], CASES[11]], ids=lambda c: "-".join(map(str, c)))
+def test_deterministic_build_matches_reference_bit_for_bit(hopper, poison, case):
+    cp = hopper
+    first = _check(cp, case, deterministic=True)
+    for _ in range(2):
+        again = _check(cp, case, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert bool((a.view(cp.int16) == b.view(cp.int16)).all()), f"{name} differs between deterministic runs"
+
+
+def test_lse_gradient_shifts_delta(hopper, poison):
+    """dlse (the gradient of the lse output) adds P * dlse to dS, i.e. delta becomes delta - dlse."""
+    cp = hopper
+    (q, k, v, do), (q64, k64, v64, do64) = _problem(cp, 1, 2, 150, 190, 64, "float16", 1.0)
+    dlse64 = np.random.default_rng(7).standard_normal((1, 2, 150))
+    o, lse = A.forward(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = B.backward(q, k, v, o, lse, do, causal=True, dlse=cp.asarray(dlse64.astype(np.float32)))
+    scale = 64 ** -0.5
+    p = R.attention_probabilities(q64, k64, causal=True)
+    rq, rk, rv = R.attention_backward(q64, k64, v64, do64, causal=True)
+    extra = p * dlse64[..., None]  # d lse_i / d S_ij = P_ij
+    rq, rk = rq + scale * extra @ k64, rk + scale * np.swapaxes(extra, -1, -2) @ q64
+    for name, out, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        res = kernels.check(out, ref, "float16")
+        assert res.ok, f"{name}: {res.detail()}"
+
+
+def test_errors(hopper):
+    cp = hopper
+    (q, k, v, do), _ = _problem(cp, 1, 1, 64, 64, 64, "float16", 1.0)
+    o, lse = A.forward(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse"):
+        B.backward(q, k, v, o, lse[:, :, :4].copy(), do)
+    with pytest.raises(TypeError, match="do"):
+        B.backward(q, k, v, o, lse, do.astype(cp.float32))
+    with pytest.raises(TypeError, match="lse"):
+        B.backward(q, k, v, o, lse.astype(cp.float16), do)
+    with pytest.raises(ValueError, match="o has shape"):
+        B.backward(q, k, v, o[:, :, :32].copy(), lse, do)
+    x = cp.zeros((1, 1, 64, 96), cp.float16)
+    with pytest.raises(ValueError, match=r"d=96 .*\(64, 128\)"):
+        B.backward(x, x, x, x, lse, x)
+    with pytest.raises(ValueError, match="scale"):
+        B.backward(q, k, v, o, lse, do, scale=float("inf"))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flat = cp.empty(q.size + 1, dtype=cp.float16)
+        B.backward(q, k, v, flat[1:].reshape(q.shape), lse, do)
+
+
+def test_below_hopper_raises_naming_the_capability(gpu, monkeypatch):
+    """On a GPU older than a Hopper (here faked: an Ampere's 8.0), UnsupportedDeviceError names compute capability
+    9.0, before anything is compiled or launched."""
+    import dataclasses
+
+    from kernels import core
+
+    cp = gpu
+    dev = cp.cuda.runtime.getDevice()
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), cc=(8, 0)))
+    core.clear_launch_caches()
+    x = cp.zeros((1, 1, 64, 64), cp.float16)
+    lse = cp.zeros((1, 1, 64), cp.float32)
+    try:
+        with pytest.raises(kernels.UnsupportedDeviceError, match=r"9\.0"):
+            B.backward(x, x, x, x, lse, x)
+    finally:
+        monkeypatch.undo()
+        core.clear_launch_caches()
