@@ -1,8 +1,9 @@
 """Time the backward kernels and the PyTorch custom operators beside torch's own: `python3 -m kernels.bench.torch_ops`.
 
-1. Attention backward, float16, B=4 H=32, T in TS, d in {64, 128}, causal and not: our flash2_mma_bwd (its three
-   launches, outputs and workspace preallocated) against torch SDPA's flash and cuDNN backends, each timed as
-   torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
+1. Attention backward, float16 (or --dtype bfloat16), B=4 H=32, T in TS, d in {64, 128}, causal and not: our
+   flash2_mma_bwd (its three launches, outputs and workspace preallocated) and, on a Hopper, hopper_attn_bwd
+   (`hopper`: its three launches with their allocations) against torch SDPA's flash and cuDNN backends, each timed
+   as torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
    backends of one shape side by side in ROUNDS rounds (kernels.compare). TFLOP/s use the backward convention: 2.5 x
    the forward's 4 B H Tq Tk d (halved for causal). A backend that refuses is recorded with its reason.
 2. The masked softmax by lengths, float32, forward and backward: our operators against torch's masked_fill + softmax
@@ -55,18 +56,22 @@ def backward_flops(T: int, d: int, causal: bool) -> float:
     return f(B, H, T, T, d, causal)
 
 
-def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
+def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from ..core.device import device_compute_capability
     from ..flash import flash2_mma, flash2_mma_bwd
+    from ..hopper import hopper_attn_bwd
 
+    hopper = device_compute_capability()[0] == 9  # the sm_90a backward runs on a Hopper only
+    impls = ("ours", *(("hopper",) if hopper else ()), *SDPA_BACKENDS)
     rows = []
     for T in Ts:
         for d in Ds:
             gen = torch.Generator("cuda").manual_seed(T + d)
-            q, k, v, do = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16, generator=gen)
+            q, k, v, do = (torch.randn(B, H, T, d, device="cuda", dtype=getattr(torch, dtype), generator=gen)
                            for _ in range(4))
             for causal in (False, True):
                 flops = backward_flops(T, d, causal)
@@ -81,6 +86,8 @@ def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
                     flash2_mma_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal, dq=dq, dk=dk, dv=dv, workspace=ws)
 
                 fns["ours"] = ours
+                if hopper:
+                    fns["hopper"] = lambda: hopper_attn_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal)
                 for name, backend in SDPA_BACKENDS.items():
                     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
                     try:
@@ -99,7 +106,7 @@ def bench_backward(Ts, Ds, bench_kw) -> list[dict]:
                         out = None
                 times = compare(fns, rounds=ROUNDS, **bench_kw)
                 del o, lse, dq, dk, dv, ws, fns
-                for impl in ("ours", *SDPA_BACKENDS):
+                for impl in impls:
                     row = {"impl": impl, "T": T, "d": d, "causal": causal}
                     t = times.get(impl)
                     if t is None:
@@ -193,13 +200,13 @@ def bench_host() -> dict:
 
 
 def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
-        command: str | None = None) -> dict:
+        command: str | None = None, dtype: str = "float16") -> dict:
     bench_kw = bench_kw or {}
-    result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": "float16", "backward_flops": "2.5 x forward",
+    result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": dtype, "backward_flops": "2.5 x forward",
               "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
-        result["backward"] = bench_backward(Ts, Ds, bench_kw)
+        result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -226,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--T", type=int, nargs="+", default=list(TS))
     p.add_argument("--d", type=int, nargs="+", default=list(DS))
     p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                   help="of the backward part")
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
@@ -234,7 +243,8 @@ def main(argv=None) -> int:
     if missing is not None:
         return missing
     command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
-    result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command)
+    result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command,
+                 args.dtype)
     print(summary(result))
     return 0
 
