@@ -1,7 +1,7 @@
 """kernels/hopper/hopper_attn_bwd.cu built for sm_90a without a GPU: the Hopper instructions are in the machine code.
 
-Each NVRTC build of kernels.hopper.hopper_attn_bwd (NVRTC_BUILDS, and the deterministic build, -D DETERMINISTIC=1),
-compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the tools come from).
+Each NVRTC build of kernels.hopper.hopper_attn_bwd (NVRTC_BUILDS; the deterministic build, -D DETERMINISTIC=1; the
+build that adds dQ by atomics, -D DQ_BULK=0), compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the tools come from).
 Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 128 keys, 64 per consumer warpgroup):
 
     HGMMA.64xBLOCK_Mx16.F32[.BF16]  Rd, gdesc       S^T = K Q^T and dP^T = V dO^T (SS, both K-major): 2 x D/16
@@ -9,7 +9,8 @@ Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 12
     HGMMA.64x64x16 ... Rd, gdesc.tnspA.tnspB        dQ_part = dS K (SS, both MN-major): 128/16 = 8
     UTMALDG.3D   K, V (D/64 boxes each, once) and Q, dO (D/64 boxes each, per query tile)
     UBLKCP       the lse2 and delta rows (plain bulk copies)
-    REDG / ATOMG float32 reductions into the dQ accumulator; NANOSLEEP only in the deterministic build (its turn)
+    UBLKRED      the bulk reduce-add of each tile's dQ part (DQ_BULK = 1); REDG float32 atomics instead (DQ_BULK = 0),
+                 never both; NANOSLEEP only in the deterministic build (its turn)
 
 (each product once: the masked and unmasked paths of step b meet before the products), the 168 registers that
 setmaxnreg's budget assumes (24 + 2 x 240 = 3 x 168), no local memory (spills), four 128-byte tensor-map parameters,
@@ -32,20 +33,30 @@ ARCH = "sm_90a"
 # HGMMA.64xNx16.F32[.BF16] Rd, [Ra,] gdesc[URx][.tnspA][.tnspB], ...: one descriptor register pair holds both
 # shared-memory operands (SS) or B alone (RS, A from registers Ra)
 HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+,\s*)?gdesc\[\w+\]((?:\.tnspA)?(?:\.tnspB)?)")
-BUILDS = {False: B.NVRTC_BUILDS[0][1], True: B.DEFINES + B.ORDER_DEFINES[True]}
+# (deterministic, DQ_BULK) -> the -D defines of that build
+BUILDS = {(False, 1): B.NVRTC_BUILDS[0][1],
+          (True, 1): B.DEFINES + B.ORDER_DEFINES[True] + core.defines_from(DQ_BULK=1),
+          (False, 0): B.DEFINES + B.ORDER_DEFINES[False] + core.defines_from(DQ_BULK=0)}
+assert B.DQ_BULK == 1 and "-DDQ_BULK=1" in BUILDS[(False, 1)]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["atomic", "deterministic"])
-def deterministic(request):
+@pytest.fixture(scope="module", params=sorted(BUILDS), ids=lambda b: {(False, 1): "bulk", (True, 1): "deterministic",
+                                                                         (False, 0): "atomic"}[b])
+def build(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def cubin(tmp_path_factory, deterministic):
+def deterministic(build):
+    return build[0]
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory, build):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
     source = core.kernel_path(B.KERNEL_FILE).read_text()
-    data, log = core.compile_cubin(source, B.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + BUILDS[deterministic])
+    data, log = core.compile_cubin(source, B.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + BUILDS[build])
     assert "warning" not in log.lower(), f"{B.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper_attn_bwd") / "hopper_attn_bwd_sm_90a.cubin"
     path.write_bytes(data)
@@ -68,7 +79,8 @@ def test_nvrtc_builds_hold_every_kernel(sass):
 
 
 @pytest.mark.parametrize("key", sorted(B.MAIN_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
-def test_sass_has_the_five_products_and_tma(sass, deterministic, key, capsys):
+def test_sass_has_the_five_products_and_tma(sass, build, key, capsys):
+    deterministic, bulk = build
     dtype, D = key
     name = B.MAIN_NAMES[key]
     code = sass[name]
@@ -86,15 +98,19 @@ def test_sass_has_the_five_products_and_tma(sass, deterministic, key, capsys):
     assert sum(forms.values()) == len(re.findall(r"\bHGMMA\b", code)), f"{name}: an HGMMA of another form: {forms}"
     utmaldg = len(re.findall(r"\bUTMALDG\.3D\b", code))
     assert utmaldg == 4 * (D // 64), f"{name}: expected {4 * (D // 64)} UTMALDG.3D (K, V, Q, dO per 64 columns)"
-    assert len(re.findall(r"\bUBLKCP\b", code)) == 2, f"{name}: expected 2 UBLKCP (lse2, delta)"
-    reductions = len(re.findall(r"\b(?:REDG|ATOMG)\.E\.ADD\.F32", code))
-    assert reductions >= 1, f"{name}: no float32 reduction into the dQ accumulator"
+    copies = len(re.findall(r"\bUBLKCP\b", code))
+    assert copies >= 2 and copies % 2 == 0, f"{name}: expected UBLKCP in pairs (lse2, delta), found {copies}"
+    atomics = len(re.findall(r"\b(?:REDG|ATOMG)\.E\.ADD\.F32", code))
+    bulk_reductions = len(re.findall(r"\bUBLKRED\.G\.S\.ADD\.F32", code))
+    reductions = bulk_reductions if bulk else atomics
+    assert reductions >= 1 and (atomics if bulk else bulk_reductions) == 0, \
+        f"{name}: dQ's reductions: {bulk_reductions} bulk, {atomics} atomic (DQ_BULK={bulk})"
     assert (len(re.findall(r"\bNANOSLEEP\b", code)) > 0) == deterministic, f"{name}: the turn's spin loop"
     assert len(re.findall(r"\bUSETMAXREG\b", code)) >= 2, f"{name}: expected setmaxnreg (USETMAXREG)"
     spills = len(re.findall(r"\b(?:LDL|STL)\b", code))
     assert spills == 0, f"{name}: {spills} local-memory loads/stores (register spills)"
     with capsys.disabled():
-        print(f"\n{name} ({ARCH}, deterministic={int(deterministic)}): HGMMA {dict(forms)}, UTMALDG {utmaldg}, "
+        print(f"\n{name} ({ARCH}, deterministic={int(deterministic)}, DQ_BULK={bulk}): HGMMA {dict(forms)}, UTMALDG {utmaldg}, "
               f"reductions {reductions}, {len(code.splitlines())} SASS lines")
 
 
@@ -123,27 +139,28 @@ def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
 
 def test_constants_agree_with_the_kernel():
     source = core.kernel_path(B.KERNEL_FILE).read_text()
-    assert "SMEM_BYTES = ROWS + STAGES * 2 * ROW_BYTES + SMEM_ALIGN" in source
-    assert [B.smem_bytes(d) for d in B.HEAD_DIMS] == [166912, 165888]  # the figures in the .cu header
-    assert "166912 (D = 64) and 165888 bytes (D = 128)" in source
+    assert "SMEM_BYTES = DQ + (DQ_BULK ? DQ_BYTES : 0) + SMEM_ALIGN" in source
+    assert [B.smem_bytes(d) for d in B.HEAD_DIMS] == [199680, 198656]  # the figures in the .cu header
+    assert "199680 (D = 64) and 198656 bytes (D = 128)" in source
+    assert [B.smem_bytes(d, dq_bulk=0) for d in B.HEAD_DIMS] == [166912, 165888]
     for name, value in (("BLOCK_M_D64", B.BLOCK_M[64]), ("BLOCK_M_D128", B.BLOCK_M[128]), ("STAGES", B.STAGES),
-                        ("PRE_WARPS", B.PRE_WARPS), ("DETERMINISTIC", 0)):
+                        ("PRE_WARPS", B.PRE_WARPS), ("DETERMINISTIC", 0), ("DQ_BULK", B.DQ_BULK)):
         assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
     assert "constexpr int BLOCK_N = 128;" in source and B.BLOCK_N == 128
     assert B.LAUNCH_REGS == 168 and B.THREADS == 384
     names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)|MAIN_BOUNDS)?\s*(\w+)\(', source))
     assert names == set(B.MAIN_NAMES.values()) | set(B.PRE_NAMES.values()) | set(B.POST_NAMES.values()), names
     # the workspace: dq_acc, lse2 and delta padded to whole tiles, the turn counters
-    assert B.workspace_elements(2, 3, 100, 64) == 6 * 100 * 64 + 2 * 6 * 128 + 6 * 1
-    assert B.workspace_elements(1, 1, 130, 128) == 130 * 128 + 2 * 192 + 3
+    assert B.workspace_elements(2, 3, 100, 64) == 6 * 128 * 64 + 2 * 6 * 128 + 6 * 1
+    assert B.workspace_elements(1, 1, 130, 128) == 192 * 128 + 2 * 192 + 3
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("det", [0, 1])
-def test_nvcc_builds_sm90a_without_spills(tmp_path, det):
+@pytest.mark.parametrize("det,bulk", [(0, 1), (1, 1), (0, 0)])
+def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk):
     cu = core.kernel_path(B.KERNEL_FILE)
     cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
-           f"-DDETERMINISTIC={det}", "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
+           f"-DDETERMINISTIC={det}", f"-DDQ_BULK={bulk}", "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma

@@ -78,6 +78,15 @@ def test_deterministic_build_matches_reference_bit_for_bit(hopper, poison, case)
             assert bool((a.view(cp.int16) == b.view(cp.int16)).all()), f"{name} differs between deterministic runs"
 
 
+@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[10], CASES[11]], ids=lambda c: "-".join(map(str, c)))
+def test_atomic_build_matches_reference(hopper, poison, monkeypatch, case):
+    """The build that adds dQ by float4 atomics (-D DQ_BULK=0, the bulk reduce-add's predecessor that the notes
+    page measures against it): the same gradients, in the same fragment-order accumulator."""
+    monkeypatch.setattr(B, "DQ_BULK", 0)
+    _check(hopper, case)
+    _check(hopper, case, deterministic=True)
+
+
 def test_lse_gradient_shifts_delta(hopper, poison):
     """dlse (the gradient of the lse output) adds P * dlse to dS, i.e. delta becomes delta - dlse."""
     cp = hopper

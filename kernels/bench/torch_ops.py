@@ -2,7 +2,8 @@
 
 1. Attention backward, float16 (or --dtype bfloat16), B=4 H=32, T in TS, d in {64, 128}, causal and not: our
    flash2_mma_bwd (its three launches, outputs and workspace preallocated) and, on a Hopper, hopper_attn_bwd
-   (`hopper`: its three launches with their allocations) against torch SDPA's flash and cuDNN backends, each timed
+   (`hopper`: its three launches with their allocations; with --dq-atomics also `hopper atomics`, its build that
+   adds dQ by atomics) against torch SDPA's flash and cuDNN backends, each timed
    as torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
    backends of one shape side by side in ROUNDS rounds (kernels.compare). TFLOP/s use the backward convention: 2.5 x
    the forward's 4 B H Tq Tk d (halved for causal). A backend that refuses is recorded with its reason.
@@ -56,17 +57,28 @@ def backward_flops(T: int, d: int, causal: bool) -> float:
     return f(B, H, T, T, d, causal)
 
 
-def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
+def _hopper_backward(args: tuple, causal: bool, dq_bulk: int) -> None:
+    """hopper_attn_bwd.backward with its dQ added by bulk reduce-adds (dq_bulk=1, the default build) or atomics."""
+    from ..hopper import hopper_attn_bwd
+
+    default, hopper_attn_bwd.DQ_BULK = hopper_attn_bwd.DQ_BULK, dq_bulk
+    try:
+        hopper_attn_bwd.backward(*args, causal=causal)
+    finally:
+        hopper_attn_bwd.DQ_BULK = default
+
+
+def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = False) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..core.device import device_compute_capability
     from ..flash import flash2_mma, flash2_mma_bwd
-    from ..hopper import hopper_attn_bwd
 
     hopper = device_compute_capability()[0] == 9  # the sm_90a backward runs on a Hopper only
-    impls = ("ours", *(("hopper",) if hopper else ()), *SDPA_BACKENDS)
+    hopper_impls = (("hopper", "hopper atomics") if dq_atomics else ("hopper",)) if hopper else ()
+    impls = ("ours", *hopper_impls, *SDPA_BACKENDS)
     rows = []
     for T in Ts:
         for d in Ds:
@@ -86,8 +98,9 @@ def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
                     flash2_mma_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal, dq=dq, dk=dk, dv=dv, workspace=ws)
 
                 fns["ours"] = ours
-                if hopper:
-                    fns["hopper"] = lambda: hopper_attn_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal)
+                for impl in hopper_impls:
+                    fns[impl] = (lambda bulk=int(impl == "hopper"):
+                                 _hopper_backward((cq, ck, cv, o, lse, cdo), causal, bulk))
                 for name, backend in SDPA_BACKENDS.items():
                     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
                     try:
@@ -200,13 +213,13 @@ def bench_host() -> dict:
 
 
 def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
-        command: str | None = None, dtype: str = "float16") -> dict:
+        command: str | None = None, dtype: str = "float16", dq_atomics: bool = False) -> dict:
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": dtype, "backward_flops": "2.5 x forward",
               "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
-        result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype)
+        result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype, dq_atomics)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -235,6 +248,8 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
                    help="of the backward part")
+    p.add_argument("--dq-atomics", action="store_true",
+                   help="on a Hopper, also the backward's build that adds dQ by atomics (-D DQ_BULK=0)")
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
@@ -244,7 +259,7 @@ def main(argv=None) -> int:
         return missing
     command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
     result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command,
-                 args.dtype)
+                 args.dtype, args.dq_atomics)
     print(summary(result))
     return 0
 

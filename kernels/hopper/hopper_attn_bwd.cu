@@ -1,5 +1,5 @@
 // hopper_attn_bwd.cu -- FlashAttention-3-style attention backward on Hopper: TMA loads, the five products on wgmma
-// (fp16/bf16 in, float32 accumulation), dQ summed across key tiles by float32 atomics.
+// (fp16/bf16 in, float32 accumulation), dQ summed across key tiles by TMA bulk reduce-adds.
 //
 // What it computes: dQ, dK, dV of o = softmax(scale q k^T + mask) v (hopper_attn.cu's contract) given o, its lse
 //   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
@@ -8,7 +8,7 @@
 //
 // Algorithm: three kernels on one stream (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
-//      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), the float32 dQ row zeroed, turns zeroed.
+//      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
 //      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m, dO_m and their lse2, delta rows into
@@ -21,23 +21,26 @@
 //           the A layout), B = dO / Q N-major ("transposed")                                       accumulate
 //           dQ_part = dS K                                  SS wgmma, A = sdS M-major, B = sK N-major
 //           wait, release the ring slot
-//        e. dQ_acc[m rows] += dQ_part (float2 atomics; -D DETERMINISTIC=1: key tiles in order n = 0, 1, ... through a
-//           per-(b h, m) turn counter in global memory)                                             add_dq
+//        e. dQ_part -> sdQ (float32, fragment order); one thread adds the tile into dQ_acc by one bulk reduce-add
+//           (-D DQ_BULK=0: float4 atomics per thread instead; -D DETERMINISTIC=1: key tiles in order n = 0, 1, ...
+//           through a per-(b h, m) turn counter in global memory)                                   add_dq
 //      then dK = scale dK, dV in 16 bits, keys < Tk                                                 store_dk_dv
 //      dQ_part: BLOCK_M = 128 (D = 64): consumer c takes query rows 64 c .. + 63, all D columns; BLOCK_M = 64
 //      (D = 128): all rows, columns 64 c .. + 63. Either way 64 x 64 per warpgroup, over the CTA's 128 keys.
-//   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits.
+//   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits, rows and columns back from the fragment order.
 //
 // Layouts: q, o, do, dq (B, H, Tq, D), k, v, dk, dv (B, H, Tk, D), 16-bit, row-major. Workspace (float32 unless said;
-//   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H Tq D), lse2, delta (B H, Tq_pad), turns
-//   (B H m_count int32). Shared memory (dynamic, aligned to 1024; 16-bit tiles in the 128-byte swizzle of
-//   hopper_attn.cu, D = 128 as two 64-column halves): [sK BLOCK_N x D][sV][STAGES x (sQ BLOCK_M x D, sdO)]
-//   [2 x sdS BLOCK_N x BLOCK_M: one 64-query half after the other][STAGES x (lse2, delta: BLOCK_M float32 each)]
+//   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H m_count, BLOCK_M D: one block per query
+//   tile, in the consumers' fragment order, see add_dq), lse2, delta (B H, Tq_pad), turns (B H m_count int32).
+//   Shared memory (dynamic, aligned to 1024; 16-bit tiles in the 128-byte swizzle of hopper_attn.cu, D = 128 as two
+//   64-column halves): [sK BLOCK_N x D][sV][STAGES x (sQ BLOCK_M x D, sdO)][2 x sdS BLOCK_N x BLOCK_M: one
+//   64-query half after the other][STAGES x (lse2, delta: BLOCK_M float32 each)][sdQ BLOCK_M D float32 (DQ_BULK)]
 //
 // Launch: preprocess grid = ceil(B H Tq_pad / PRE_WARPS), block = 32 PRE_WARPS; main grid = ceil(Tk / 128) B H,
 //   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES (2 BLOCK_M D 2 + 8 BLOCK_M)
-//   + 2 BLOCK_N BLOCK_M 2 + 1024: 166912 (D = 64) and 165888 bytes (D = 128); postprocess grid = min(ceil(B H Tq D / 4
-//   / 256), 8192), block = 256. Registers: __launch_bounds__(384, 1) = 168; setmaxnreg 24 producer, 240 consumers.
+//   + 2 BLOCK_N BLOCK_M 2 + 4 BLOCK_M D + 1024: 199680 (D = 64) and 198656 bytes (D = 128) (DQ_BULK = 0: 32768
+//   less); postprocess grid = min(ceil(B H Tq D / 4 / 256), 8192), block = 256. Registers: __launch_bounds__(384,
+//   1) = 168; setmaxnreg 24 producer, 240 consumers.
 //
 // Kernels (extern "C"; u16: the bits of float16, f16, or bfloat16, bf16):
 //   hopper_bwd_preprocess_{f16,bf16}(const u16* o, const u16* dout, const float* lse, const float* dlse,
@@ -48,21 +51,22 @@
 //       float scale, int causal)   maps: (D, T, B H) 16-bit tensors, boxes of 64 columns x BLOCK_M (q, do) or
 //       BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale (any finite value, negative too);
 //       scale_log2 = scale log2 e; causal 0 or 1; turns: used only by the DETERMINISTIC = 1 build
-//   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, float scale)  quads = B H Tq D/4
-//   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4,
+//   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
+//       quads = B H Tq D / 4
+//   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
 //   DETERMINISTIC 0 (1: a build of its own).
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
-// unpack2, st_shared_u32).
+// unpack2, st_shared_u32, st_shared_f32x4).
 // Build it alone, from the repository root:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/hopper/hopper_attn_bwd.cu -o bwd.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_90a (extern "C" kernels: no name expressions)
 //
 // Limits (checked by the launcher): D in {64, 128}; 16-bit tensors C-contiguous, 16-byte aligned; any Tq, Tk >= 1
 // (TMA zero-fills rows past the end, P is masked there, stores are guarded). No host example yet.
-// Numerics: 16-bit products (P, dS rounded to the inputs' type), float32 sums; exp2 by ex2.approx.ftz; dQ summed by
-// float32 atomics in an order that varies between runs, unless DETERMINISTIC. Notes: kernels/hopper/README.md.
+// Numerics: 16-bit products (P, dS rounded to the inputs' type), float32 sums; exp2 by ex2.approx.ftz; dQ's key-tile
+// parts summed in L2 in an order that varies between runs, unless DETERMINISTIC. Notes: kernels/hopper/README.md.
 
 #include "ptx/mbarrier.cuh"
 #include "ptx/mma_sync.cuh"
@@ -84,6 +88,9 @@
 #endif
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0    // 1: dQ's key-tile parts added in a fixed order (bitwise repeatable dQ); its own build
+#endif
+#ifndef DQ_BULK
+#define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
@@ -115,15 +122,18 @@ template <int D> struct Shape {
     static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 2 * WGMMA_M;       // dQ split by query rows, else by columns
     static constexpr int DQ_COLS = DQ_SPLIT_ROWS ? D : D / CONSUMERS;   // 64 either way
     static constexpr int DQ_ACC = WGMMA_M * DQ_COLS / WARPGROUP;        // 32
+    static constexpr int DQ_QUADS = DQ_ACC / 4;                         // float4s of dQ_part per thread
     static constexpr int Q_BYTES = BLOCK_M * D * ELEM_BYTES;            // one Q or dO tile
     static constexpr int KV_BYTES = BLOCK_N * D * ELEM_BYTES;           // one K or V tile
     static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * ELEM_BYTES;     // one dS^T buffer
     static constexpr int ROW_BYTES = BLOCK_M * 4;                       // lse2 or delta of one query tile
+    static constexpr int DQ_BYTES = BLOCK_M * D * 4;                    // a query tile's dQ_part, float32
     static constexpr int TX_BYTES = 2 * Q_BYTES + 2 * ROW_BYTES;        // what q_full[s] receives
     static constexpr int RING = 2 * KV_BYTES;                           // offsets in the dynamic shared memory
     static constexpr int DS = RING + STAGES * 2 * Q_BYTES;
     static constexpr int ROWS = DS + 2 * DS_BYTES;
-    static constexpr int SMEM_BYTES = ROWS + STAGES * 2 * ROW_BYTES + SMEM_ALIGN;  // the launcher's request
+    static constexpr int DQ = ROWS + STAGES * 2 * ROW_BYTES;            // the dQ_part staging tile (DQ_BULK)
+    static constexpr int SMEM_BYTES = DQ + (DQ_BULK ? DQ_BYTES : 0) + SMEM_ALIGN;  // the launcher's request
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "64 or 128 query rows per tile (S^T is one m64nBLOCK_Mk16)");
     static_assert(DQ_COLS == 64, "BLOCK_M = 128 or D = 128: each consumer's share of dQ is 64 x 64");
     static_assert(BLOCK_M + D <= 192, "registers: dK, dV (D) and S^T, dP^T (BLOCK_M) per thread");
@@ -145,6 +155,7 @@ template <class T> struct Smem {
     DEVICE u32 sdO(int s) const { return sQ(s) + T::Q_BYTES; }
     DEVICE u32 sdS(int b) const { return base + T::DS + b * T::DS_BYTES; }
     DEVICE u32 rows(int s) const { return base + T::ROWS + s * 2 * T::ROW_BYTES; }  // lse2, then delta
+    DEVICE u32 sdQ() const { return base + T::DQ; }
     DEVICE const float* rows_ptr(int s) const {
         return reinterpret_cast<const float*>(raw + T::ROWS + s * 2 * T::ROW_BYTES);
     }
@@ -311,36 +322,55 @@ DEVICE void accumulate(float (&acc_dv)[T::KV_ACC], float (&acc_dk)[T::KV_ACC], f
     wgmma_pin(ds);
 }
 
-// Step e: dQ_acc[q0 + row0 + 16 w + g (+ 8)][col0 + 8 i + 2 t, + 1] += acc_dq, rows < Tq, two floats per atomic.
-// IN_ORDER (the DETERMINISTIC = 1 build): key tile n adds only once turns[b h, m] == n (set by tile n - 1), and then
-// sets it to n + 1: every element of dQ_acc receives its key tiles' parts in the order n = 0, 1, ..., so dQ is the
-// same bit for bit. (The tiles that meet query tile m are a prefix n = 0 .. N_m: m_first grows with n.)
+// Step e: dQ_acc += dQ_part. dQ_acc keeps each query tile's BLOCK_M x D floats as one block, at (b h m_count + m)
+// BLOCK_M D, in the consumers' fragment order: float4 j of consumer c's thread tid at (c DQ_QUADS + j) WARPGROUP + tid
+// (the postprocess puts rows and columns back). DQ_BULK: every consumer thread stores its float4s into the staging
+// tile sdQ (consecutive threads, consecutive 16 bytes: no bank conflicts), and the leader adds the whole tile with one
+// bulk reduce-add (the tile was free again once the leader's previous reduce had read it: bulk_wait_read before
+// stash_ds's barrier). Else each thread adds its float4s by atomics. IN_ORDER (DETERMINISTIC = 1): key tile n adds
+// only once turns[b h, m] == n (set by tile n - 1), then sets it to n + 1, so every element of dQ_acc receives its key
+// tiles' parts in the order n = 0, 1, ... and dQ is the same bit for bit. (The key tiles that meet query tile m are a
+// prefix n = 0 .. N_m: m_first grows with n.)
 template <class T, bool IN_ORDER>
-DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], float* dq_acc, int* turns, const Problem& pb, int m, int row0,
-                   int col0, bool leader) {
-    constexpr int D = T::HEAD_DIM;
+DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], const Smem<T>& sm, float* dq_acc, int* turns, const Problem& pb,
+                   int m, int c, bool leader) {
+    const int tid = threadIdx.x % WARPGROUP;
+    float* const tile = dq_acc + (static_cast<long long>(pb.bh) * pb.m_count + m) * (T::BLOCK_M * T::HEAD_DIM);
     int* const turn = turns + static_cast<long long>(pb.bh) * pb.m_count + m;
-    if constexpr (IN_ORDER) {
-        if (leader)
-            while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+    if constexpr (DQ_BULK) {
+#pragma unroll
+        for (int j = 0; j < T::DQ_QUADS; ++j)
+            st_shared_f32x4(sm.sdQ() + ((c * T::DQ_QUADS + j) * WARPGROUP + tid) * 16, acc_dq[4 * j],
+                            acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
+        fence_async_shared();  // the stores, visible to the bulk copy engine
         named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
-    }
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int q = m * T::BLOCK_M + row0 + 16 * warp + g + 8 * h;
-        if (q < pb.Tq) {
-            float* const dst = dq_acc + (static_cast<long long>(pb.bh) * pb.Tq + q) * D + col0 + 2 * t;
-#pragma unroll
-            for (int i = 0; i < T::DQ_ACC / 4; ++i)
-                atomicAdd(reinterpret_cast<float2*>(dst + 8 * i),
-                          make_float2(acc_dq[4 * i + 2 * h], acc_dq[4 * i + 2 * h + 1]));
+        if (leader) {
+            if constexpr (IN_ORDER) {
+                while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+            }
+            bulk_reduce_add_f32(tile, sm.sdQ(), T::DQ_BYTES);
+            bulk_commit();
+            if constexpr (IN_ORDER) {
+                bulk_wait<0>();  // the additions done in L2 before the next key tile may start its own
+                __threadfence();
+                st_release_gpu(turn, pb.n + 1);
+            }
         }
-    }
-    if constexpr (IN_ORDER) {
-        __threadfence();
-        named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
-        if (leader) st_release_gpu(turn, pb.n + 1);
+    } else {
+        if constexpr (IN_ORDER) {
+            if (leader)
+                while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+            named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
+        }
+#pragma unroll
+        for (int j = 0; j < T::DQ_QUADS; ++j)
+            atomicAdd(reinterpret_cast<float4*>(tile) + (c * T::DQ_QUADS + j) * WARPGROUP + tid,
+                      make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]));
+        if constexpr (IN_ORDER) {
+            __threadfence();
+            named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
+            if (leader) st_release_gpu(turn, pb.n + 1);
+        }
     }
 }
 
@@ -374,7 +404,6 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
     // this warpgroup's share of dQ_part: A = its 64-query half of sdS, or B = its 64-column half of sK
     const u32 ds_half = T::DQ_SPLIT_ROWS ? c * BLOCK_N * SWIZZLE_BYTES : 0;
     const u32 sk_dq = sm.sK() + (T::DQ_SPLIT_ROWS ? 0 : c * BLOCK_N * SWIZZLE_BYTES);
-    const int dq_row0 = T::DQ_SPLIT_ROWS ? c * WGMMA_M : 0, dq_col0 = T::DQ_SPLIT_ROWS ? 0 : c * WGMMA_M;
     const bool leader = c == 0 && threadIdx.x % WARPGROUP == 0;
 
     float acc_dk[T::KV_ACC], acc_dv[T::KV_ACC];
@@ -401,6 +430,7 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
             probabilities<false>(acc_s, acc_dp, lse2, lse2 + T::BLOCK_M, pb, key, q0, t);
         // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
         u32 p[T::A_REGS], ds[T::A_REGS];
+        if (DQ_BULK && leader) bulk_wait_read<0>();  // the previous tile's reduce has read sdQ: it may be rewritten
         stash_ds<T::S_ACC, BF16>(acc_s, acc_dp, p, ds, sm.sdS(buf), r0, g, t);
         // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
         float acc_dq[T::DQ_ACC];
@@ -409,8 +439,9 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
         if (lane == 0) mbar_arrive(smem_addr(&sm.q_empty[pos.s]));
         pos.advance();
         // ---- e. dQ_acc += dQ_part ----
-        add_dq<T, IN_ORDER>(acc_dq, dq_acc, turns, pb, m, dq_row0, dq_col0, leader);
+        add_dq<T, IN_ORDER>(acc_dq, sm, dq_acc, turns, pb, m, c, leader);
     }
+    if (DQ_BULK && leader) bulk_wait<0>();  // sdQ must outlive the last reduce's reads
     store_dk_dv<T, BF16>(acc_dk, acc_dv, dk, dv, pb, key, t);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -432,6 +463,9 @@ DEVICE void preprocess(const u16* __restrict__ o, const u16* __restrict__ dout, 
     if (row >= padded_rows) return;
     const long long bh = row / Tq_pad;
     const int i = static_cast<int>(row % Tq_pad);
+    const int pairs = d / 64;
+    for (int j = 0; j < pairs; ++j)  // dQ_acc has Tq_pad rows' worth of floats per head: zero all of them
+        reinterpret_cast<float2*>(dq_acc + row * d + lane * 2 * pairs)[j] = make_float2(0.0f, 0.0f);
     if (i >= Tq) {                                   // padding: P = 2^-inf = 0 there
         if (lane == 0) {
             lse2[row] = __int_as_float(0x7f800000);
@@ -439,14 +473,12 @@ DEVICE void preprocess(const u16* __restrict__ o, const u16* __restrict__ dout, 
         }
         return;
     }
-    const int pairs = d / 64;
     const long long src = (bh * Tq + i) * d + lane * 2 * pairs;
     float sum = 0.0f;
     for (int j = 0; j < pairs; ++j) {
         const float2 a = unpack2<BF16>(reinterpret_cast<const u32*>(o + src)[j]);
         const float2 b = unpack2<BF16>(reinterpret_cast<const u32*>(dout + src)[j]);
         sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
-        reinterpret_cast<float2*>(dq_acc + src)[j] = make_float2(0.0f, 0.0f);
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -514,15 +546,39 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 3: dq = scale dQ_acc in 16 bits, four elements per step of a grid-stride loop (D % 4 == 0).
+// Kernel 3: dq = scale dQ_acc in 16 bits, four columns of a row per step of a grid-stride loop. Row q, column col of
+// a head sit in tile m = q / BLOCK_M, consumer c's 64 x 64 share at (rr, cc); there, m64n64's fragment order puts
+// row 16 w + 8 h + g, column 8 i + 2 t + e at float 2 h + e of float4 i of thread 32 w + 4 g + t (add_dq).
 // ---------------------------------------------------------------------------------------------
+template <class T, bool BF16>
+DEVICE void dq_from_fragments(const float* __restrict__ dq_acc, u16* __restrict__ dq, long long quad, int Tq,
+                              int m_count, float scale) {
+    constexpr int D = T::HEAD_DIM;
+    const long long row = quad / (D / 4);  // (b h) Tq + q
+    const int col = static_cast<int>(quad % (D / 4)) * 4;
+    const long long bh = row / Tq;
+    const int q = static_cast<int>(row % Tq), m = q / T::BLOCK_M, r = q % T::BLOCK_M;
+    const int c = T::DQ_SPLIT_ROWS ? r / WGMMA_M : col / WGMMA_M;
+    const int rr = T::DQ_SPLIT_ROWS ? r % WGMMA_M : r, cc = T::DQ_SPLIT_ROWS ? col : col % WGMMA_M;
+    const int w = rr / 16, h = (rr / 8) % 2, g = rr % 8, i = cc / 8, t = (cc % 8) / 2;  // t is 0 or 2
+    const float* tile = dq_acc + (bh * m_count + m) * (T::BLOCK_M * D) + c * T::DQ_QUADS * WARPGROUP * 4;
+    const int at = (i * WARPGROUP + 32 * w + 4 * g + t) * 4 + 2 * h;
+    const float2 lo = *reinterpret_cast<const float2*>(tile + at);      // columns cc, cc + 1: thread t
+    const float2 hi = *reinterpret_cast<const float2*>(tile + at + 4);  // cc + 2, cc + 3: thread t + 1
+    reinterpret_cast<uint2*>(dq)[quad] = make_uint2(pack2<BF16>(lo.x * scale, lo.y * scale),
+                                                    pack2<BF16>(hi.x * scale, hi.y * scale));
+}
+
 template <bool BF16>
-DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, long long quads, float scale) {
+DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, long long quads, int d, int Tq,
+                        float scale) {
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    const int m_count = (Tq + (d == 64 ? BLOCK_M_D64 : BLOCK_M_D128) - 1) / (d == 64 ? BLOCK_M_D64 : BLOCK_M_D128);
     for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += stride) {
-        const float4 x = reinterpret_cast<const float4*>(dq_acc)[i];
-        reinterpret_cast<uint2*>(dq)[i] = make_uint2(pack2<BF16>(x.x * scale, x.y * scale),
-                                                     pack2<BF16>(x.z * scale, x.w * scale));
+        if (d == 64)
+            dq_from_fragments<Shape<64>, BF16>(dq_acc, dq, i, Tq, m_count, scale);
+        else
+            dq_from_fragments<Shape<128>, BF16>(dq_acc, dq, i, Tq, m_count, scale);
     }
 }
 
@@ -559,9 +615,7 @@ extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d64(MAIN_PARAMS) {
 extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d128(MAIN_PARAMS) {
     attention_backward<128, true>(MAIN_ARGS);
 }
-extern "C" __global__ void hopper_bwd_postprocess_f16(const float* dq_acc, u16* dq, long long quads, float scale) {
-    postprocess<false>(dq_acc, dq, quads, scale);
-}
-extern "C" __global__ void hopper_bwd_postprocess_bf16(const float* dq_acc, u16* dq, long long quads, float scale) {
-    postprocess<true>(dq_acc, dq, quads, scale);
-}
+#define POST_PARAMS const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale
+#define POST_ARGS dq_acc, dq, quads, d, Tq, scale
+extern "C" __global__ void hopper_bwd_postprocess_f16(POST_PARAMS) { postprocess<false>(POST_ARGS); }
+extern "C" __global__ void hopper_bwd_postprocess_bf16(POST_PARAMS) { postprocess<true>(POST_ARGS); }

@@ -6,9 +6,9 @@
 
 Three launches on CuPy's current stream: preprocess (delta = rowsum(dO * O), lse in log2 units, the float32 dQ
 accumulator and the turn counters zeroed), the main kernel (one CTA per 128-key tile of one (batch, head), K and V
-resident, the query tiles streamed in by TMA; dK, dV in registers, dQ by float32 atomics) and a postprocess kernel
-(dq = scale * accumulator in 16 bits). The .cu header has the algorithm; kernels/hopper/README.md ("The backward")
-the design and what is not done yet.
+resident, the query tiles streamed in by TMA; dK, dV in registers, each tile's dQ part added into a float32
+accumulator by one TMA bulk reduce-add) and a postprocess kernel (dq = scale * accumulator in 16 bits). The .cu
+header has the algorithm; kernels/hopper/README.md ("The backward") the design and what is not done yet.
 
 Same contract as flash2_mma_bwd.backward, for d = 64 or 128 only, and any finite scale (negative too, as the
 forward). deterministic=True uses the build compiled with -D DETERMINISTIC=1: the key tiles add their parts of dQ in
@@ -40,12 +40,13 @@ ALIGN = 16  # bytes: TMA base addresses, the float4 reads of the accumulator
 CARVEOUT_MAX_SHARED = 100
 POST_BLOCK = 256
 POST_MAX_BLOCKS = 8192  # grid-stride loop beyond this
+DQ_BULK = 1  # dQ into its accumulator: 1 one bulk reduce-add per tile (-D DQ_BULK), 0 float4 atomics per thread
 
 DEFINES = defines_from(BLOCK_M_D64=BLOCK_M[64], BLOCK_M_D128=BLOCK_M[128], STAGES=STAGES, PRE_WARPS=PRE_WARPS)
 ORDER_DEFINES = {False: defines_from(DETERMINISTIC=0), True: defines_from(DETERMINISTIC=1)}
 # What tests/test_compile.py builds (for sm_80 .. sm_90, where the main kernels are stubs): the .cu defaults. The
 # deterministic build, its own -D, is compiled for sm_90a by tests/test_hopper_attn_bwd_compile.py.
-NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False])]
+NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False] + defines_from(DQ_BULK=DQ_BULK))]
 
 DTYPES = ("float16", "bfloat16")
 DTYPE_SET = dtype_set(DTYPES)
@@ -56,12 +57,13 @@ PRE_NAMES = {dt: f"hopper_bwd_preprocess_{_TAG[dt]}" for dt in DTYPES}
 POST_NAMES = {dt: f"hopper_bwd_postprocess_{_TAG[dt]}" for dt in DTYPES}
 
 
-def smem_bytes(d: int) -> int:
+def smem_bytes(d: int, dq_bulk: int | None = None) -> int:
     """Dynamic shared memory of the main kernel (Shape<D>::SMEM_BYTES): K and V, STAGES x (Q, dO, lse2 and delta
-    rows), two dS^T buffers, alignment slack."""
+    rows), two dS^T buffers, the float32 dQ staging tile (dq_bulk), alignment slack."""
     bm = BLOCK_M[d]
+    dq_bulk = DQ_BULK if dq_bulk is None else dq_bulk
     return (2 * BLOCK_N * d * ELEM_BYTES + STAGES * (2 * bm * d * ELEM_BYTES + 2 * 4 * bm)
-            + 2 * BLOCK_N * bm * ELEM_BYTES + SMEM_ALIGN)
+            + 2 * BLOCK_N * bm * ELEM_BYTES + (bm * d * 4 if dq_bulk else 0) + SMEM_ALIGN)
 
 
 def padded_rows(Tq: int, d: int) -> int:
@@ -71,10 +73,10 @@ def padded_rows(Tq: int, d: int) -> int:
 
 
 def workspace_elements(B: int, H: int, Tq: int, d: int) -> int:
-    """float32 elements of the workspace: dq_acc (B H Tq d), lse2 and delta (B H Tq_pad each), the turn counters
-    (B H m_count int32)."""
+    """float32 elements of the workspace: dq_acc (B H Tq_pad d: whole tiles, in the kernel's fragment order), lse2 and
+    delta (B H Tq_pad each), the turn counters (B H m_count int32)."""
     BH = B * H
-    return BH * Tq * d + 2 * BH * padded_rows(Tq, d) + BH * ceil_div(Tq, BLOCK_M[d])
+    return BH * padded_rows(Tq, d) * (d + 2) + BH * ceil_div(Tq, BLOCK_M[d])
 
 
 _CHECKED: set = set()
@@ -83,10 +85,10 @@ _CHECKED: set = set()
 def kernels(dtype: str, d: int, deterministic: bool, dev: int):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS)."""
-    defines = DEFINES + ORDER_DEFINES[bool(deterministic)]
+    defines = DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK)  # DQ_BULK: read per call
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), dev)
+    key = (dtype, d, bool(deterministic), DQ_BULK, dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
@@ -141,7 +143,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     Tq_pad = padded_rows(Tq, d)
     m_count = Tq_pad // BLOCK_M[d]
     workspace = cp.empty(workspace_elements(B, H, Tq, d), dtype=cp.float32)
-    acc_end = BH * Tq * d  # dq_acc first: the allocation's aligned start, for the float4 reads
+    acc_end = BH * Tq_pad * d  # dq_acc first: the allocation's aligned start, for the bulk reduce and float4 adds
     dq_acc = workspace[:acc_end]
     lse2 = workspace[acc_end:acc_end + BH * Tq_pad]
     delta = workspace[acc_end + BH * Tq_pad:acc_end + 2 * BH * Tq_pad]
@@ -161,7 +163,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
           np.float32(scale * LOG2E), np.float32(scale), np.int32(bool(causal))), shared_mem=smem_bytes(d))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
-         (dq_acc, dq, np.int64(quads), np.float32(scale)))
+         (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
     return dq, dk, dv
 
 

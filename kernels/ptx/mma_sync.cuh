@@ -16,6 +16,7 @@
 //   pack2<BF16>(lo, hi)         two floats -> one register of two 16-bit values, lo in the low half (round to nearest;
 //                               float16 builds for sm_75 too, with two cvt.rn.f16.f32: kernels/cublas/cublas_half.cu)
 //   st_shared_u32, ld_shared_v4 4 bytes to and 16 bytes from a shared-window address
+//   st_shared_f32x4(addr, a, b, c, d)   four floats to a 16-byte aligned shared-window address
 //   unpack2<BF16>(x)            one register of two 16-bit values -> float2 (low half in .x): pack2's inverse
 #ifndef COURSE_PTX_MMA_SYNC_CUH
 #define COURSE_PTX_MMA_SYNC_CUH
@@ -69,6 +70,9 @@ DEVICE u32 pack2(float lo, float hi) {
 }
 
 DEVICE void st_shared_u32(u32 addr, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory"); }
+DEVICE void st_shared_f32x4(u32 addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 DEVICE uint4 ld_shared_v4(u32 addr) {
     uint4 r;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

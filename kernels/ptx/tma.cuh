@@ -6,6 +6,9 @@
 //   tma_load_3d(dst, map, c0, c1, c2, bar)  one thread: the box at (c0, c1, c2) -> shared address dst
 //   prefetch_tensor_map(map)                one thread: bring the map into the cache TMA reads it from
 //   bulk_load(dst, src, bytes, bar)         one thread: `bytes` contiguous bytes (no tensor map) -> shared dst
+//   bulk_reduce_add_f32(dst, src, bytes)    one thread: global float32 dst += shared src, element-wise, in L2
+//   bulk_commit(), bulk_wait_read<N>(), bulk_wait<N>()   the issuing thread's bulk groups: close one; wait until at
+//                                           most N are still reading their shared source (or still running at all)
 //
 // A kernel takes each map as a `const __grid_constant__ TensorMap` parameter, which keeps it in parameter memory,
 // where TMA may read it. Announce the box's bytes on the mbarrier first (mbar_arrive_expect_tx, ptx/mbarrier.cuh).
@@ -38,5 +41,20 @@ DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+
+// The other direction, with a reduction: `bytes` bytes of float32 at the shared-window address src added element by
+// element into global dst (both 16-byte aligned, `bytes` a multiple of 16), the additions done atomically at L2. It
+// belongs to the issuing thread's current bulk group: bulk_commit() closes the group; bulk_wait_read<N>() returns
+// once at most N groups still read their shared source (so it may be overwritten), bulk_wait<N>() once at most N are
+// unfinished (their writes done). Shared writes that a reduction reads must be fenced first (fence.proxy.async).
+DEVICE void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N> DEVICE void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 #endif  // COURSE_PTX_TMA_CUH
