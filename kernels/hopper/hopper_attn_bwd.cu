@@ -11,9 +11,10 @@
 //      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
-//      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m, dO_m and their lse2, delta rows into
-//      a STAGES-slot ring (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK
-//      and dV in registers:
+//      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m and dO_m into a STAGES-slot ring
+//      (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK and dV in
+//      registers; they load the next tile's lse2, delta rows themselves (load_rows, one float a thread, while a. runs)
+//      into one of two row buffers:
 //        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
 //        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
 //        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async; named barrier (both)  stash_ds
@@ -34,10 +35,10 @@
 //   tile, in the consumers' fragment order, see add_dq), lse2, delta (B H, Tq_pad), turns (B H m_count int32).
 //   Shared memory (dynamic, aligned to 1024; 16-bit tiles in the 128-byte swizzle of hopper_attn.cu, D = 128 as two
 //   64-column halves): [sK BLOCK_N x D][sV][STAGES x (sQ BLOCK_M x D, sdO)][2 x sdS BLOCK_N x BLOCK_M: one
-//   64-query half after the other][STAGES x (lse2, delta: BLOCK_M float32 each)][sdQ BLOCK_M D float32 (DQ_BULK)]
+//   64-query half after the other][2 x (lse2, delta: BLOCK_M float32 each)][sdQ BLOCK_M D float32 (DQ_BULK)]
 //
 // Launch: preprocess grid = ceil(B H Tq_pad / PRE_WARPS), block = 32 PRE_WARPS; main grid = ceil(Tk / 128) B H,
-//   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES (2 BLOCK_M D 2 + 8 BLOCK_M)
+//   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES 2 BLOCK_M D 2 + 16 BLOCK_M
 //   + 2 BLOCK_N BLOCK_M 2 + 4 BLOCK_M D + 1024: 199680 (D = 64) and 198656 bytes (D = 128) (DQ_BULK = 0: 32768
 //   less); postprocess grid = min(ceil(B H Tq D / 4 / 256), 8192), block = 256. Registers: __launch_bounds__(384,
 //   1) = 168; setmaxnreg 24 producer, 240 consumers.
@@ -128,11 +129,11 @@ template <int D> struct Shape {
     static constexpr int DS_BYTES = BLOCK_N * BLOCK_M * ELEM_BYTES;     // one dS^T buffer
     static constexpr int ROW_BYTES = BLOCK_M * 4;                       // lse2 or delta of one query tile
     static constexpr int DQ_BYTES = BLOCK_M * D * 4;                    // a query tile's dQ_part, float32
-    static constexpr int TX_BYTES = 2 * Q_BYTES + 2 * ROW_BYTES;        // what q_full[s] receives
+    static constexpr int TX_BYTES = 2 * Q_BYTES;                        // what q_full[s] receives
     static constexpr int RING = 2 * KV_BYTES;                           // offsets in the dynamic shared memory
     static constexpr int DS = RING + STAGES * 2 * Q_BYTES;
     static constexpr int ROWS = DS + 2 * DS_BYTES;
-    static constexpr int DQ = ROWS + STAGES * 2 * ROW_BYTES;            // the dQ_part staging tile (DQ_BULK)
+    static constexpr int DQ = ROWS + 2 * 2 * ROW_BYTES;                 // the dQ_part staging tile (DQ_BULK)
     static constexpr int SMEM_BYTES = DQ + (DQ_BULK ? DQ_BYTES : 0) + SMEM_ALIGN;  // the launcher's request
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "64 or 128 query rows per tile (S^T is one m64nBLOCK_Mk16)");
     static_assert(DQ_COLS == 64, "BLOCK_M = 128 or D = 128: each consumer's share of dQ is 64 x 64");
@@ -145,19 +146,18 @@ template <int D> struct Shape {
 // Where a CTA's tiles and barriers are: shared-window addresses (wgmma, TMA) and, for the float32 rows, pointers.
 template <class T> struct Smem {
     u32 base;
-    const unsigned char* raw;  // the same byte as `base`, as a generic pointer
+    unsigned char* raw;        // the same byte as `base`, as a generic pointer
     u64* kv_full;              // "K and V have landed"
-    u64* q_full;               // [s] "slot s holds Q_m, dO_m, lse2, delta"
+    u64* q_full;               // [s] "slot s holds Q_m, dO_m"
     u64* q_empty;              // [s] "every consumer warp is done with slot s"
     DEVICE u32 sK() const { return base; }
     DEVICE u32 sV() const { return base + T::KV_BYTES; }
     DEVICE u32 sQ(int s) const { return base + T::RING + s * 2 * T::Q_BYTES; }
     DEVICE u32 sdO(int s) const { return sQ(s) + T::Q_BYTES; }
     DEVICE u32 sdS(int b) const { return base + T::DS + b * T::DS_BYTES; }
-    DEVICE u32 rows(int s) const { return base + T::ROWS + s * 2 * T::ROW_BYTES; }  // lse2, then delta
     DEVICE u32 sdQ() const { return base + T::DQ; }
-    DEVICE const float* rows_ptr(int s) const {
-        return reinterpret_cast<const float*>(raw + T::ROWS + s * 2 * T::ROW_BYTES);
+    DEVICE float* rows(int b) const {  // buffer b (0, 1) of a query tile's lse2, then delta rows
+        return reinterpret_cast<float*>(raw + T::ROWS + b * 2 * T::ROW_BYTES);
     }
 };
 
@@ -184,11 +184,10 @@ constexpr int BAR_DQ_TURN = 2;
 // The producer: one thread of warpgroup 0
 // ---------------------------------------------------------------------------------------------
 
-// K and V once; then for each query tile Q, dO (D / 64 boxes each) and the tile's lse2 and delta rows (plain bulk
-// copies: the workspace rows are padded to Tq_pad, so every copy lies inside it) into the next ring slot.
+// K and V once; then for each query tile Q and dO (D / 64 boxes each) into the next ring slot.
 template <class T>
 DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q, const TensorMap& map_k,
-                    const TensorMap& map_v, const TensorMap& map_do, const float* lse2, const float* delta) {
+                    const TensorMap& map_v, const TensorMap& map_do) {
     prefetch_tensor_map(map_q);
     prefetch_tensor_map(map_k);
     prefetch_tensor_map(map_v);
@@ -201,7 +200,6 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
         tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
     }
     RingPos<STAGES> pos;
-    const long long row0 = static_cast<long long>(pb.bh) * pb.m_count * T::BLOCK_M;  // this head's padded rows
     for (int m = pb.m_first; m < pb.m_count; ++m) {
         mbar_wait(smem_addr(&sm.q_empty[pos.s]), pos.phase ^ 1);
         const u32 bar = smem_addr(&sm.q_full[pos.s]);
@@ -212,9 +210,6 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
             tma_load_3d(sm.sQ(pos.s) + half, map_q, h * SWIZZLE_ELEMS, m * T::BLOCK_M, pb.bh, bar);
             tma_load_3d(sm.sdO(pos.s) + half, map_do, h * SWIZZLE_ELEMS, m * T::BLOCK_M, pb.bh, bar);
         }
-        const long long row = row0 + m * T::BLOCK_M;
-        bulk_load(sm.rows(pos.s), lse2 + row, T::ROW_BYTES, bar);
-        bulk_load(sm.rows(pos.s) + T::ROW_BYTES, delta + row, T::ROW_BYTES, bar);
         pos.advance();
     }
 }
@@ -335,8 +330,7 @@ template <class T, bool IN_ORDER>
 DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], const Smem<T>& sm, float* dq_acc, int* turns, const Problem& pb,
                    int m, int c, bool leader) {
     const int tid = threadIdx.x % WARPGROUP;
-    float* const tile = dq_acc + (static_cast<long long>(pb.bh) * pb.m_count + m) * (T::BLOCK_M * T::HEAD_DIM);
-    int* const turn = turns + static_cast<long long>(pb.bh) * pb.m_count + m;
+    const long long at = static_cast<long long>(pb.bh) * pb.m_count + m;  // the (b h, m) block and turn counter
     if constexpr (DQ_BULK) {
 #pragma unroll
         for (int j = 0; j < T::DQ_QUADS; ++j)
@@ -346,30 +340,31 @@ DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], const Smem<T>& sm, float* d
         named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
         if (leader) {
             if constexpr (IN_ORDER) {
-                while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+                while (ld_acquire_gpu(turns + at) != pb.n) __nanosleep(32);
             }
-            bulk_reduce_add_f32(tile, sm.sdQ(), T::DQ_BYTES);
+            bulk_reduce_add_f32(dq_acc + at * (T::BLOCK_M * T::HEAD_DIM), sm.sdQ(), T::DQ_BYTES);
             bulk_commit();
             if constexpr (IN_ORDER) {
                 bulk_wait<0>();  // the additions done in L2 before the next key tile may start its own
                 __threadfence();
-                st_release_gpu(turn, pb.n + 1);
+                st_release_gpu(turns + at, pb.n + 1);
             }
         }
     } else {
         if constexpr (IN_ORDER) {
             if (leader)
-                while (ld_acquire_gpu(turn) != pb.n) __nanosleep(32);
+                while (ld_acquire_gpu(turns + at) != pb.n) __nanosleep(32);
             named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
         }
+        float4* const tile = reinterpret_cast<float4*>(dq_acc + at * (T::BLOCK_M * T::HEAD_DIM));
 #pragma unroll
         for (int j = 0; j < T::DQ_QUADS; ++j)
-            atomicAdd(reinterpret_cast<float4*>(tile) + (c * T::DQ_QUADS + j) * WARPGROUP + tid,
+            atomicAdd(tile + (c * T::DQ_QUADS + j) * WARPGROUP + tid,
                       make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]));
         if constexpr (IN_ORDER) {
             __threadfence();
             named_barrier_sync(BAR_DQ_TURN, CONSUMER_THREADS);
-            if (leader) st_release_gpu(turn, pb.n + 1);
+            if (leader) st_release_gpu(turns + at, pb.n + 1);
         }
     }
 }
@@ -393,9 +388,26 @@ DEVICE void store_dk_dv(const float (&acc_dk)[T::KV_ACC], const float (&acc_dv)[
     }
 }
 
+// The lse2 and delta rows of query tile m: consumer thread ct (0 .. 255) fetches value ct of the 2 BLOCK_M (lse2, then
+// delta; the workspace rows are padded to Tq_pad, so every read lies inside it) and later stores it into a row buffer
+// (split so the load's latency passes while the products run). A buffer is rewritten two tiles after it was read,
+// ahead of that tile's BAR_DS_READY barrier, and its readers wait for the barrier of the tile that wrote it.
+template <class T>
+DEVICE float fetch_row_value(const float* lse2, const float* delta, const Problem& pb, int m) {
+    const int ct = threadIdx.x - WARPGROUP;
+    const long long row = (static_cast<long long>(pb.bh) * pb.m_count + m) * T::BLOCK_M;
+    if (ct >= 2 * T::BLOCK_M) return 0.0f;
+    return ct < T::BLOCK_M ? __ldg(lse2 + row + ct) : __ldg(delta + row + ct - T::BLOCK_M);
+}
+template <class T> DEVICE void store_row_value(const Smem<T>& sm, int b, float x) {
+    const int ct = threadIdx.x - WARPGROUP;
+    if (ct < 2 * T::BLOCK_M) sm.rows(b)[ct] = x;
+}
+
 // One consumer warpgroup c (0 or 1): its 64 keys against every query tile of the CTA, steps a .. e per tile.
 template <class T, bool BF16, bool IN_ORDER>
-DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, int* turns, u16* dk, u16* dv) {
+DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* lse2, const float* delta, float* dq_acc,
+                    int* turns, u16* dk, u16* dv) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
     const int r0 = c * WGMMA_M + 16 * warp + g;                  // this thread's first key row in the CTA's tile
     const int key[2] = {pb.k0 + r0, pb.k0 + r0 + 8};
@@ -409,10 +421,16 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
     float acc_dk[T::KV_ACC], acc_dv[T::KV_ACC];
 #pragma unroll
     for (int i = 0; i < T::KV_ACC; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
-    if (pb.m_first < pb.m_count) mbar_wait(smem_addr(sm.kv_full), 0);
+    if (pb.m_first < pb.m_count) {
+        store_row_value(sm, 0, fetch_row_value<T>(lse2, delta, pb, pb.m_first));
+        named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
+        mbar_wait(smem_addr(sm.kv_full), 0);
+    }
     RingPos<STAGES> pos;
     for (int m = pb.m_first; m < pb.m_count; ++m) {
         const int q0 = m * T::BLOCK_M, buf = (m - pb.m_first) & 1;
+        const bool more = m + 1 < pb.m_count;
+        const float next_row_value = more ? fetch_row_value<T>(lse2, delta, pb, m + 1) : 0.0f;
         mbar_wait(smem_addr(&sm.q_full[pos.s]), pos.phase);
         // ---- a. S^T = K_c Q^T and dP^T = V_c dO^T ----
         float acc_s[T::S_ACC], acc_dp[T::S_ACC];
@@ -422,20 +440,20 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, float* dq_acc, 
         wgmma_pin(acc_s);
         wgmma_pin(acc_dp);
         // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
-        const float* lse2 = sm.rows_ptr(pos.s);
+        const float* rows = sm.rows(buf);
         const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
         if (mask)
-            probabilities<true>(acc_s, acc_dp, lse2, lse2 + T::BLOCK_M, pb, key, q0, t);
+            probabilities<true>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
-            probabilities<false>(acc_s, acc_dp, lse2, lse2 + T::BLOCK_M, pb, key, q0, t);
+            probabilities<false>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
         u32 p[T::A_REGS], ds[T::A_REGS];
+        if (more) store_row_value(sm, buf ^ 1, next_row_value);  // the next tile's rows, ahead of stash_ds's barrier
         if (DQ_BULK && leader) bulk_wait_read<0>();  // the previous tile's reduce has read sdQ: it may be rewritten
         stash_ds<T::S_ACC, BF16>(acc_s, acc_dp, p, ds, sm.sdS(buf), r0, g, t);
         // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
         float acc_dq[T::DQ_ACC];
         accumulate<T, BF16>(acc_dv, acc_dk, acc_dq, p, ds, sm.sQ(pos.s), sm.sdO(pos.s), sm.sdS(buf) + ds_half, sk_dq);
-        __syncwarp();  // every lane's reads of the slot's lse2 and delta rows come before lane 0 hands it back
         if (lane == 0) mbar_arrive(smem_addr(&sm.q_empty[pos.s]));
         pos.advance();
         // ---- e. dQ_acc += dQ_part ----
@@ -515,7 +533,6 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.bh = blockIdx.x / n_count;
     pb.k0 = pb.n * BLOCK_N;
     pb.m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
-    pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
     const u32 raw = smem_addr(smem_raw);
@@ -535,10 +552,12 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     const int warpgroup = threadIdx.x / WARPGROUP;
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
-        if (threadIdx.x == 0 && pb.m_first < pb.m_count) produce(sm, pb, map_q, map_k, map_v, map_do, lse2, delta);
+        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);  // here: not held across setmaxnreg
+        if (threadIdx.x == 0 && pb.m_first < pb.m_count) produce(sm, pb, map_q, map_k, map_v, map_do);
     } else {
         regs_increase<T::CONSUMER_REGS>();
-        consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, dq_acc, turns, dk, dv);
+        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);
+        consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)

@@ -58,11 +58,11 @@ POST_NAMES = {dt: f"hopper_bwd_postprocess_{_TAG[dt]}" for dt in DTYPES}
 
 
 def smem_bytes(d: int, dq_bulk: int | None = None) -> int:
-    """Dynamic shared memory of the main kernel (Shape<D>::SMEM_BYTES): K and V, STAGES x (Q, dO, lse2 and delta
-    rows), two dS^T buffers, the float32 dQ staging tile (dq_bulk), alignment slack."""
+    """Dynamic shared memory of the main kernel (Shape<D>::SMEM_BYTES): K and V, STAGES x (Q, dO), two dS^T buffers,
+    two buffers of lse2 and delta rows, the float32 dQ staging tile (dq_bulk), alignment slack."""
     bm = BLOCK_M[d]
     dq_bulk = DQ_BULK if dq_bulk is None else dq_bulk
-    return (2 * BLOCK_N * d * ELEM_BYTES + STAGES * (2 * bm * d * ELEM_BYTES + 2 * 4 * bm)
+    return (2 * BLOCK_N * d * ELEM_BYTES + STAGES * 2 * bm * d * ELEM_BYTES + 2 * 2 * 4 * bm
             + 2 * BLOCK_N * bm * ELEM_BYTES + (bm * d * 4 if dq_bulk else 0) + SMEM_ALIGN)
 
 
