@@ -258,6 +258,15 @@ def test_attention_op_lse_gradient(cuda):
         assert res.ok, f"{name}: {res.detail()}"
 
 
+def test_backward_kernel_choice(cuda):
+    """On a Hopper the operator's backward runs hopper_attn_bwd at d = 64 and 128 and flash2_mma_bwd at the other head
+    sizes; elsewhere flash2_mma_bwd always. The gradient and opcheck tests (d = 32 .. 128) cover both kernels there."""
+    hopper = kernels.core.device_info().cc[0] == 9
+    for d, expected in ((64, hopper), (128, hopper), (96, False), (32, False)):
+        q = torch.empty(1, 1, 8, d, dtype=torch.float16, device="cuda")
+        assert torch_ops.backward_kernel(q) == ("hopper_attn_bwd" if expected else "flash2_mma_bwd"), d
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_opcheck_attention_ops(cuda, dtype):
     (q, k, v, do), _ = _tensors(2, 2, 48, 80, 64, dtype, seed=2)

@@ -9,7 +9,8 @@ The operators (namespace "course", each registered with torch.library.custom_op,
 torch.compile and meta tensors, and an autograd formula; each passes torch.library.opcheck):
 
     course::flash_attn_fwd(q, k, v, causal, scale) -> (o, lse)     kernels/flash/flash2_mma.cu, lse float32 (B, H, Tq)
-    course::flash_attn_bwd(do, q, k, v, o, lse, dlse, causal, scale) -> (dq, dk, dv)   kernels/flash/flash2_mma_bwd.cu
+    course::flash_attn_bwd(do, q, k, v, o, lse, dlse, causal, scale) -> (dq, dk, dv)   kernels/flash/flash2_mma_bwd.cu;
+        on a Hopper at d = 64 and 128 kernels/hopper/hopper_attn_bwd.cu (backward_kernel(q) says which)
     course::masked_softmax(x, lengths) -> y                        kernels/basics/softmax.cu (softmax_masked_lengths[_warp])
     course::masked_softmax_bwd(y, dy, lengths) -> dx               kernels/basics/softmax_bwd.cu
 
@@ -39,7 +40,8 @@ import numpy as np
 
 from ..flash import flash2_mma, flash2_mma_bwd
 from ..basics import softmax, softmax_bwd
-from ..core import DEFAULT_MIN_CC, INT32_MAX, Launch, check_compute_capability, cp
+from ..core import DEFAULT_MIN_CC, INT32_MAX, Launch, check_compute_capability, cp, device_info
+from ..hopper import hopper_attn_bwd
 
 try:
     import torch
@@ -53,7 +55,7 @@ MAX_D = flash2_mma_bwd.MAX_D
 D_MULTIPLE = flash2_mma_bwd.D_MULTIPLE
 ALIGN = flash2_mma.ALIGN
 
-__all__ = ["AVAILABLE", "attention", "attention_with_lse", "masked_softmax", "to_cupy", "to_torch"]
+__all__ = ["AVAILABLE", "attention", "attention_with_lse", "backward_kernel", "masked_softmax", "to_cupy", "to_torch"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -211,6 +213,14 @@ def _check_cc(i: int) -> None:
         _CC_CHECKED.add(i)
 
 
+def backward_kernel(q) -> str:
+    """The kernel the attention operator's backward runs for q (a CUDA tensor (B, H, Tq, d)): "hopper_attn_bwd" (TMA
+    and wgmma) on compute capability 9.x with d = 64 or 128, where it ran 1.5-2.1x faster than flash2_mma_bwd on every
+    shape of the stored H100 runs (results/h100-hopper-bwd-f16.json, -bf16.json); "flash2_mma_bwd" elsewhere."""
+    major = device_info(q.device.index).cc[0]
+    return "hopper_attn_bwd" if major == 9 and q.shape[-1] in hopper_attn_bwd.HEAD_DIMS else "flash2_mma_bwd"
+
+
 def _launch(t, kernel, grid, block, args, smem=0) -> None:
     """kernel on t's device and torch's current stream there; args hold tensors' pointers as np.uint64."""
     i = t.device.index
@@ -300,7 +310,7 @@ if AVAILABLE:
     @torch.library.custom_op(f"{NAMESPACE}::flash_attn_bwd", mutates_args=())
     def flash_attn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dlse: Optional[Tensor],
                        causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-        """(dq, dk, dv) by flash2_mma_bwd; dlse (optional) is the gradient of the lse output."""
+        """(dq, dk, dv) by backward_kernel(q); dlse (optional) is the gradient of the lse output."""
         _check_qkv(q, k, v)
         _check_tensor(o, "o", ATTN_DTYPES, 4)
         _check_tensor(do, "do", ATTN_DTYPES, 4)
@@ -308,6 +318,12 @@ if AVAILABLE:
         if dlse is not None:
             _check_tensor(dlse, "dlse", ("float32",), 3)
         B, H, Tq, d = q.shape
+        if backward_kernel(q) == "hopper_attn_bwd":
+            with _on_torch_stream(q.device.index):  # its outputs and workspace from torch's allocator
+                grads = hopper_attn_bwd.backward(to_cupy(q), to_cupy(k), to_cupy(v), to_cupy(o), to_cupy(lse),
+                                                 to_cupy(do), causal=causal, scale=scale,
+                                                 dlse=None if dlse is None else to_cupy(dlse))
+                return tuple(to_torch(g) for g in grads)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ws = torch.empty(flash2_mma_bwd.workspace_elements(B, H, Tq, d), dtype=torch.float32, device=q.device)
         with _on_torch_stream(q.device.index):
