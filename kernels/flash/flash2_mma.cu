@@ -5,14 +5,17 @@
 //   inputs (float16 or bfloat16) with float32 accumulation. Causal masking is bottom-right aligned: query i sees key j
 //   when j <= i + Tk - Tq. A query row that sees no key gives 0 (lse = -inf). Notebook 06 teaches it (after flash2.cu on
 //   CUDA cores and flash2_wmma.cu, whose fragments hide which element a register holds: the mma.sync layouts are
-//   documented, so the softmax runs on the accumulator registers); notebook 09 the varlen kernel.
+//   documented, so the softmax runs on the accumulator registers); notebook 09 the varlen kernel. flash2_mma_variants
+//   adds what reference/variants.py defines: grouped-query heads, a sliding window, a prefix, document ids, tanh
+//   soft-capping and ALiBi; it skips EMPTY key tiles and runs FULL ones without mask code.
 //
 // Algorithm (one block: BR = 16 MT NWARPS query rows of one head; each warp owns 16 MT whole rows, see attention_block)
 //   1. Q tile and K, V tile 0 -> shared memory (cp.async); m = -inf, l = 0, O = 0 in registers.
-//   2. For each key tile j of BC keys (causal: only tiles that hold a visible key):
+//   2. For each key tile j of BC keys (causal: only tiles that hold a visible key; variants: those of key_tiles):
 //      a. wait for tile j; __syncthreads (the one barrier per tile); prefetch tile j+1 into the other stage
 //      b. S = Q K^T             ldmatrix Q (A operand) and K (B operand), mma.sync into float32 registers
-//      c. mask keys >= Tk and, if causal, keys after the diagonal (-inf)
+//      c. mask keys >= Tk and, if causal, keys after the diagonal (-inf); variants: score_mods, then on PARTIAL
+//         tiles variant_mask
 //      d. m~ = c rowmax S, c = scale log2(e); a row's base m moves to m~ only when m~ > m + 8 (lazy rescaling)
 //      e. P = exp2(c S - m) in place; l = l 2^(m_old - m) + rowsum P; O *= 2^(m_old - m) where a base moved
 //      f. O += P V              P, packed to 16 bits in registers, is the A operand: the C layout of two 16x8 tiles of S
@@ -42,6 +45,10 @@
 //   flash2_mma_varlen(const u16* q, const u16* k, const u16* v, u16* o, float* lse, const int* cu_seqlens_q,
 //                     const int* cu_seqlens_k, int total_q, int total_k, int H, int d, int ld_q, int ld_kv,
 //                     float scale_log2, int causal)
+//   flash2_mma_variants<..., int MODS>(q, k, v, o, lse, const int* doc_q, const int* doc_k, const signed char* classes,
+//                      const float* alibi_slopes, int Tq, int Tk, int d, float scale_log2, int head_major, int Hq,
+//                      int group, int left, int right, int prefix, float cap_in, float cap_out): see the kernel.
+//   flash2_mma_doc_classes(const int* doc_q, const int* doc_k, signed char* classes, int Tq, int Tk, int br, int bc)
 //   u16: the bits of float16 (BF16 = false) or bfloat16 (BF16 = true). lse == nullptr: no lse is written.
 //   scale_log2 = scale * log2(e) (scale > 0, usually 1/sqrt(d)). Tq, Tk, d, total_q, total_k: lengths; D is the
 //   capacity (d <= D). causal, head_major: 0 or 1. head_major = 1: block x takes head x / ceil(Tq/BR), so blocks side
@@ -57,7 +64,7 @@
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma.cu -o flash2_mma.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
 //     "flash2_mma_forward<64, 64, 4, 2, 2, false>" "flash2_mma_forward<64, 64, 4, 2, 2, true>"
-//     "flash2_mma_varlen<64, 64, 4, 2, 2, false>"
+//     "flash2_mma_varlen<64, 64, 4, 2, 2, false>" "flash2_mma_variants<64, 64, 4, 2, 2, false, 7>"
 // Host-side example (allocate, fill, launch, check): kernels/examples/flash2_mma_host.cu.
 //
 // Limits (checked by the launcher): d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D; columns d..D-1 are
@@ -92,6 +99,7 @@ enum : int {
 // probabilities stay <= 2^8 before normalisation: exact in float32, representable in fp16 and bf16.
 #define RESCALE_THRESHOLD 8.0f
 #define LN2 0.6931471805599453f
+#define LOG2E 1.4426950408889634f
 
 DEVICE float quad_max(float x) {  // the 4 lanes of a quad hold one row's columns
     x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
@@ -474,6 +482,152 @@ DEVICE void store_output(u16* __restrict__ oh, float* __restrict__ lse, long lon
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The variants (flash2_mma_variants below): a mask more general than causal, document ids, and score modifiers.
+// MODS, a compile-time sum of the MOD_ flags, says which code exists in a build; the dense and varlen kernels pass 0,
+// so none of it is compiled into them. Tiles are classified as EMPTY (never visited), FULL (no mask code) or PARTIAL.
+//   key_tiles        the key tiles a block visits, from the bounds of its rows (window, causal, prefix) and the classes
+//   score_mods       s -> log2 e (softcap tanh(scale s / softcap) - slope |j - c_i|) in place, before the mask
+//   variant_mask     -inf where query i does not see key j (band, prefix, Tk, documents): PARTIAL tiles only
+// ---------------------------------------------------------------------------------------------------------
+enum : int {
+    MOD_DOCS = 1,     // document ids: doc_q[i] == doc_k[j], and a class per (query tile, key tile) to skip by
+    MOD_SOFTCAP = 2,  // tanh soft-capping of the scaled scores
+    MOD_ALIBI = 4,    // ALiBi: minus slope_h |j - c_i|
+    MOD_VARIANT = 8,  // set by flash2_mma_variants itself: the band mask and the tile classes are on
+};
+enum : int { TILE_EMPTY = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };  // the classes of reference/variants.py
+
+// What the variant steps read. Query i sits at c = i + Tk - Tq among the keys and sees key j < Tk when
+// (c - left <= j <= c + right or j < prefix) and, with MOD_DOCS, doc_q[i] == doc_k[j]. Causal is folded in by the
+// launcher (right = min(right, 0)); an unbounded side is Tq + Tk, which no position reaches.
+struct VariantArgs {
+    int left = 0, right = 0, prefix = 0, Tq = 0;
+    const int* doc_q = nullptr;           // this batch entry's Tq query ids and Tk key ids (MOD_DOCS)
+    const int* doc_k = nullptr;
+    const signed char* classes = nullptr; // this (batch entry, query tile)'s class per key tile (MOD_DOCS)
+    float cap_in = 0.f, cap_out = 0.f;    // softcap: s' = cap_out tanh(s cap_in), cap_in = scale / softcap,
+                                          // cap_out = softcap log2 e
+    float slope = 0.f;                    // ALiBi slope of this query head, times log2 e
+};
+
+// The key tiles one block visits, in order: the prefix tiles [0, pre_end), then the band's [band_begin, end),
+// without the EMPTY ones (MOD_DOCS). A tile is FULL when each of its keys is < Tk and seen by every row of the block
+// (a prefix key, or inside the band of the first row c_first and of the last row c_last), and its class says FULL.
+template <int BC, int MODS>
+struct KeyTiles {
+    int first, pre_end, band_begin, end;
+    int c_first, c_last, left, right, prefix;  // the block's first and last row's positions; VariantArgs' bounds
+    const signed char* classes;
+    DEVICE int after(int t) const {  // the next tile of the sequence after t, EMPTY ones skipped
+        do t = t + 1 < pre_end ? t + 1 : max(t + 1, band_begin);
+        while ((MODS & MOD_DOCS) != 0 && t < end && classes[t] == TILE_EMPTY);
+        return t;
+    }
+    DEVICE bool full(int t, int Tk) const {
+        const int k0 = t * BC, k1 = k0 + BC - 1;
+        const int from = max(k0, prefix);  // keys from here on need the band of every row
+        const bool seen = k1 < Tk && (k1 < prefix || (c_last - left <= from && k1 <= c_first + right));
+        if constexpr ((MODS & MOD_DOCS) != 0) return seen && classes[t] == TILE_FULL;
+        return seen;
+    }
+};
+
+// The tiles of the block whose rows are [q0, q_last] (q_last < Tq): arithmetic on the tile bounds. The band's keys are
+// [c_first - left, c_last + right] within [0, Tk); the prefix's [0, prefix).
+template <int BC, int MODS>
+DEVICE KeyTiles<BC, MODS> key_tiles(int q0, int q_last, int Tk, int diag, const VariantArgs& va) {
+    KeyTiles<BC, MODS> kt;
+    kt.left = va.left;
+    kt.right = va.right;
+    kt.prefix = va.prefix;
+    kt.classes = va.classes;
+    kt.c_first = q0 + diag;
+    kt.c_last = q_last + diag;
+    const int lo = max(0, kt.c_first - va.left), hi = min(Tk, kt.c_last + va.right + 1);  // band keys [lo, hi)
+    kt.pre_end = (min(va.prefix, Tk) + BC - 1) / BC;
+    kt.band_begin = max(lo / BC, kt.pre_end);
+    const int band_end = hi > lo ? (hi + BC - 1) / BC : 0;
+    kt.end = band_end > kt.band_begin ? band_end : kt.pre_end;
+    kt.first = kt.pre_end > 0 ? 0 : kt.band_begin;
+    if ((MODS & MOD_DOCS) != 0 && kt.first < kt.end && va.classes[kt.first] == TILE_EMPTY)
+        kt.first = kt.after(kt.first);
+    return kt;
+}
+
+// tanh(x) = 1 - 2 / (e^2x + 1) with ex2.approx and a fast reciprocal: an absolute error near 1e-7 (tanh.approx's
+// 2^-11 relative error, times a softcap of 30, would move a logit by 0.015); +-1 for large |x| (e^2x = inf or 0).
+DEVICE float tanh_exp2(float x) {
+    return 1.f - __fdividef(2.f, exp2_ftz(x * (2.f * LOG2E)) + 1.f);
+}
+
+// The score modifiers, in place on the warp's S (raw q.k): each score becomes its logit in log2 units, so the softmax
+// that follows takes a scale of 1. Order as in the reference: scale, softcap, ALiBi (then the mask).
+template <int BC, int MT, int MODS>
+DEVICE void score_mods(float (&acc_s)[MT][BC / MMA_N][4], int warp_row0, int k0, int diag, float scale_log2,
+                       const VariantArgs& va) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = warp_row0 + mt * MMA_M + g + 8 * h;
+            const float rel0 = (float)(k0 + 2 * t - row - diag);  // j - c_i for this lane's first key (exact < 2^24)
+#pragma unroll
+            for (int nt = 0; nt < BC / MMA_N; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float s = acc_s[mt][nt][2 * h + e];
+                    if constexpr ((MODS & MOD_SOFTCAP) != 0)
+                        s = va.cap_out * tanh_exp2(s * va.cap_in);
+                    else
+                        s *= scale_log2;
+                    if constexpr ((MODS & MOD_ALIBI) != 0)
+                        s = fmaf(-va.slope, fabsf(rel0 + (float)(nt * MMA_N + e)), s);
+                    acc_s[mt][nt][2 * h + e] = s;
+                }
+            }
+        }
+    }
+}
+
+// The mask of a PARTIAL tile: key k0 + 2t + cc (cc = 8 nt + e) of a row is visible when cc <= last (key < Tk) and
+// (lo <= cc <= hi (the band) or cc < pre (the prefix)), all relative to the lane's first key; with MOD_DOCS also when
+// its document id is the row's. Each key's id is read once (an L1 hit after the first row) for all the lane's rows.
+template <int BC, int MT, int MODS>
+DEVICE void variant_mask(float (&acc_s)[MT][BC / MMA_N][4], int warp_row0, int k0, int Tk, int diag,
+                         const VariantArgs& va) {
+    const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+    const int c0 = k0 + 2 * t, last = Tk - 1 - c0, pre = va.prefix - c0;
+    int lo[MT][2], hi[MT][2], doc[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = warp_row0 + mt * MMA_M + g + 8 * h, c = row + diag;
+            lo[mt][h] = c - va.left - c0;
+            hi[mt][h] = c + va.right - c0;
+            if constexpr ((MODS & MOD_DOCS) != 0) doc[mt][h] = __ldg(va.doc_q + min(row, va.Tq - 1));
+        }
+#pragma unroll
+    for (int nt = 0; nt < BC / MMA_N; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int cc = nt * MMA_N + e;
+            int key_doc = 0;
+            if constexpr ((MODS & MOD_DOCS) != 0) key_doc = __ldg(va.doc_k + min(c0 + cc, Tk - 1));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    bool seen = cc <= last && ((lo[mt][h] <= cc && cc <= hi[mt][h]) || cc < pre);
+                    if constexpr ((MODS & MOD_DOCS) != 0) seen = seen && key_doc == doc[mt][h];
+                    if (!seen) acc_s[mt][nt][2 * h + e] = NEG_INF;
+                }
+        }
+    }
+}
+
 // Which ILP builds fuse the exponentials into P V (softmax_exp_pv) and wait for tile 0's V apart from its K: those with
 // D <= FUSED_MAX_D (see IlpBuild; above it the fused loop spilled). -DFUSED_MAX_D=0 turns both off.
 #ifndef FUSED_MAX_D
@@ -496,54 +650,86 @@ DEVICE void wait_v0(bool next_in_flight) {
 
 // One K/V tile j of the loop in attention_block, as the whole block runs it: wait for the tile, the barrier, the
 // prefetch of tile j+1 into the other stage, then S = Q K^T, the softmax, O *= correction and O += P V.
+// The variant kernel visits a subsequence of the tiles: j counts the tiles visited (the stage is j % 2), key tile
+// `tile` is the one computed and key tile `next` the one prefetched (if next < n_tiles, then its end).
 // ILP: online_softmax_ilp, masked when MASK (compile time); otherwise online_softmax, masked when edge (run time).
 // Fused (FusedBuild): softmax_max_ilp, the rescale, then softmax_exp_pv in place of the softmax's exponentials and
 // O += P V; on tile 0 the wait for V (its own cp.async group) and a second barrier come just before that.
+// MODS & MOD_VARIANT (ILP only): score_mods, and variant_mask in place of the causal mask when MASK.
 // sK, sV: the two stages' base addresses; kh, vh: the head's K and V rows, ld_kv elements apart.
-template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, bool MASK>
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, bool MASK, int MODS = 0>
 DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2], int j,
                     int n_tiles, u32 sK, u32 sV, const u16* __restrict__ kh, const u16* __restrict__ vh, int Tk, int d,
                     int ld_kv, u32 q_lane, u32 k_lane, u32 v_lane, int warp_row0, int diag, int causal,
-                    float scale_log2, bool edge) {
+                    float scale_log2, bool edge, const VariantArgs& va, int tile = 0, int next = 0) {
     constexpr int NTHREADS = NWARPS * WARP_SIZE;
     constexpr u32 TILE_KV = 2 * BC * (D + SMEM_PAD);  // bytes of one K (or V) stage
+    constexpr bool VARIANT = (MODS & MOD_VARIANT) != 0, SCORE_MODS = (MODS & (MOD_SOFTCAP | MOD_ALIBI)) != 0;
+    static_assert(!VARIANT || ILP, "the variant kernel runs the ILP loops");
     const int stage = j & 1;
+    const int k_tile = VARIANT ? tile : j;  // the key tile computed; the one prefetched is VARIANT ? next : j + 1,
+                                            // written out where it is used (so the plain loops' code stays the same)
     constexpr bool FUSED = FusedBuild<D, ILP>::value;
     const bool split_v = FUSED && j == 0;  // tile 0 of a fused build: K came with Q, V in a cp.async group of its own
     if (split_v)
         cp_async_wait<1>();
     else
         cp_async_wait<0>();  // tile j (issued one iteration ago, a whole tile of math to land in) is here
-    __syncthreads();     // ... for every thread's copies; and every warp is done with tile j-1's stage
-    if (j + 1 < n_tiles) {  // double buffering: tile j+1 streams into the freed stage while tile j computes
-        load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (j + 1) * BC, Tk, d, ld_kv);
-        load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (j + 1) * BC, Tk, d, ld_kv);
+    __syncthreads();     // ... for every thread's copies; and every warp is done with the previous tile's stage
+    if ((VARIANT ? next : j + 1) < n_tiles) {  // double buffering: the next tile streams into the freed stage
+        load_tile_async<BC, D, NTHREADS>(sK + (stage ^ 1) * TILE_KV, kh, (VARIANT ? next : j + 1) * BC, Tk, d, ld_kv);
+        load_tile_async<BC, D, NTHREADS>(sV + (stage ^ 1) * TILE_KV, vh, (VARIANT ? next : j + 1) * BC, Tk, d, ld_kv);
         cp_async_commit();
     }
 
     float acc_s[MT][BC / MMA_N][4];
     warp_scores<D, BC, MT, BF16>(acc_s, q_lane, sK + stage * TILE_KV + k_lane);  // S = Q K^T
+    if constexpr (SCORE_MODS) score_mods<BC, MT, MODS>(acc_s, warp_row0, k_tile * BC, diag, scale_log2, va);
+    if constexpr (VARIANT && MASK) variant_mask<BC, MT, MODS>(acc_s, warp_row0, k_tile * BC, Tk, diag, va);
+    constexpr bool CAUSAL_MASK = MASK && !VARIANT;    // the dense and varlen kernels' mask
+    const float c = SCORE_MODS ? 1.f : scale_log2;  // score_mods made the logits in log2 units already
 
     float correction[MT][2];
     if constexpr (FUSED) {
-        const bool moved = softmax_max_ilp<BC, MT, MASK>(acc_s, row_max, correction, warp_row0, j * BC, Tk, diag,
-                                                        causal, scale_log2);
+        const bool moved = softmax_max_ilp<BC, MT, CAUSAL_MASK>(acc_s, row_max, correction, warp_row0, k_tile * BC,
+                                                                Tk, diag, causal, c);
         if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);
-        if (split_v) wait_v0(j + 1 < n_tiles);
-        softmax_exp_pv<D, BC, MT, BF16>(acc_o, acc_s, row_max, row_sum, correction, scale_log2,
-                                        sV + stage * TILE_KV + v_lane);
+        if (split_v) wait_v0((VARIANT ? next : j + 1) < n_tiles);
+        softmax_exp_pv<D, BC, MT, BF16>(acc_o, acc_s, row_max, row_sum, correction, c, sV + stage * TILE_KV + v_lane);
         return;
     }
     bool moved;
     if constexpr (ILP)
-        moved = online_softmax_ilp<BC, MT, MASK>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, Tk, diag,
-                                                 causal, scale_log2);                                // S -> P
+        moved = online_softmax_ilp<BC, MT, CAUSAL_MASK>(acc_s, row_max, row_sum, correction, warp_row0, k_tile * BC,
+                                                        Tk, diag, causal, c);                       // S -> P
     else
-        moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, warp_row0, j * BC, edge, Tk, diag, causal,
-                                       scale_log2);                                                  // S -> P
+        moved = online_softmax<BC, MT>(acc_s, row_max, row_sum, correction, warp_row0, k_tile * BC, edge, Tk, diag,
+                                       causal, scale_log2);                                          // S -> P
     if (__any_sync(FULL_MASK, moved)) rescale_output<D, MT>(acc_o, correction);  // skipped if no row moved
-    if (split_v) wait_v0(j + 1 < n_tiles);
+    if (split_v) wait_v0((VARIANT ? next : j + 1) < n_tiles);
     warp_accumulate_pv<D, BC, MT, BF16>(acc_o, acc_s, sV + stage * TILE_KV + v_lane);  // O += P V
+}
+
+// The variant kernel's K/V loop: the tiles of key_tiles in order, each FULL one without mask code, the others through
+// variant_mask; i counts the tiles visited (kv_tile's j: the stage, and the split wait of the first).
+template <int D, int BC, int NWARPS, int MT, bool BF16, int MODS>
+DEVICE void variant_kv_loop(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                            const KeyTiles<BC, MODS>& kt, u32 sK, u32 sV, const u16* __restrict__ kh,
+                            const u16* __restrict__ vh, int Tk, int d, int ld_kv, u32 q_lane, u32 k_lane, u32 v_lane,
+                            int warp_row0, int diag, float scale_log2, const VariantArgs& va) {
+    int i = 0;  // tiles visited
+    for (int j = kt.first; j < kt.end; ++i) {
+        const int next = kt.after(j);
+        if (kt.full(j, Tk))
+            kv_tile<D, BC, NWARPS, MT, BF16, true, false, MODS>(acc_o, row_max, row_sum, i, kt.end, sK, sV, kh, vh, Tk,
+                                                                d, ld_kv, q_lane, k_lane, v_lane, warp_row0, diag, 0,
+                                                                scale_log2, false, va, j, next);
+        else
+            kv_tile<D, BC, NWARPS, MT, BF16, true, true, MODS>(acc_o, row_max, row_sum, i, kt.end, sK, sV, kh, vh, Tk,
+                                                               d, ld_kv, q_lane, k_lane, v_lane, warp_row0, diag, 0,
+                                                               scale_log2, true, va, j, next);
+        j = next;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -559,11 +745,13 @@ DEVICE void kv_tile(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[MT][2], f
 //
 // qh, kh, vh: the head's first query / key / value row; rows lie ld_q, ld_kv elements apart. oh: the head's first
 // output row, rows ld_o apart; lse[lse_base + row] (lse may be null). Tq, Tk: this head's (this sequence's) rows.
+// MODS & MOD_VARIANT (flash2_mma_variants): the tiles of key_tiles, through variant_kv_loop; va its mask and modifiers.
 // ---------------------------------------------------------------------------------------------------------
-template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP>
+template <int D, int BC, int NWARPS, int MT, bool BF16, bool ILP, int MODS = 0>
 DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ kh, const u16* __restrict__ vh,
                             u16* __restrict__ oh, float* __restrict__ lse, long long lse_base, int ld_q, int ld_kv,
-                            int ld_o, int q0, int Tq, int Tk, int d, float scale_log2, int causal) {
+                            int ld_o, int q0, int Tq, int Tk, int d, float scale_log2, int causal,
+                            const VariantArgs& va) {
     constexpr int NTHREADS = NWARPS * WARP_SIZE;
     constexpr int WR = MMA_M * MT;    // query rows per warp
     constexpr int BR = WR * NWARPS;   // query rows per block
@@ -583,14 +771,20 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
 
     // ---- Q, and the first K/V tile, in flight; the running state of each row in registers ----------------
     // Keys this block needs: all of them, or (causal) up to the last visible key of its last real row.
+    // (The variant kernel: the tiles of key_tiles, the first one at kt.first.)
+    constexpr bool VARIANT = (MODS & MOD_VARIANT) != 0;
     int kv_end = Tk;
     if (causal) kv_end = min(Tk, min(q0 + BR, Tq) + diag);
     const int n_tiles = kv_end > 0 ? (kv_end + BC - 1) / BC : 0;
+    KeyTiles<BC, MODS> kt{};
+    if constexpr (VARIANT) kt = key_tiles<BC, MODS>(q0, min(q0 + BR, Tq) - 1, Tk, diag, va);
+    const bool any_tile = VARIANT ? kt.first < kt.end : n_tiles > 0;
+    const int k_first = VARIANT ? kt.first * BC : 0;
 
     load_tile_async<BR, D, NTHREADS>(sQ, qh, q0, Tq, d, ld_q);
-    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sK, kh, 0, Tk, d, ld_kv);
+    if (any_tile) load_tile_async<BC, D, NTHREADS>(sK, kh, k_first, Tk, d, ld_kv);
     if constexpr (FusedBuild<D, ILP>::value) cp_async_commit();  // Q and K of tile 0: what S = Q K^T waits for
-    if (n_tiles > 0) load_tile_async<BC, D, NTHREADS>(sV, vh, 0, Tk, d, ld_kv);
+    if (any_tile) load_tile_async<BC, D, NTHREADS>(sV, vh, k_first, Tk, d, ld_kv);
     cp_async_commit();
 
     float acc_o[MT][D / MMA_N][4];
@@ -613,7 +807,10 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
     const u32 v_lane = 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + (lane / 16) * CHUNK);
 
     // ---- the K/V loop: one barrier per tile; the next tile streams in while this one is computed ----------
-    if constexpr (ILP) {
+    if constexpr (VARIANT) {
+        variant_kv_loop<D, BC, NWARPS, MT, BF16, MODS>(acc_o, row_max, row_sum, kt, sK, sV, kh, vh, Tk, d, ld_kv,
+                                                       q_lane, k_lane, v_lane, q0 + warp * WR, diag, scale_log2, va);
+    } else if constexpr (ILP) {
         // Tiles [0, n_full) hold no masked key for any row of the block (every key < Tk and, if causal, at or before
         // the diagonal of the block's first row q0): they run without mask code, so the softmax is one straight run
         // of instructions. The rest (the last tile when BC does not divide Tk, the tiles on the causal diagonal) run
@@ -624,25 +821,25 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
         for (; j < n_full; ++j)
             kv_tile<D, BC, NWARPS, MT, BF16, true, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
                                                           ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
-                                                          scale_log2, false);
+                                                          scale_log2, false, va);
         for (; j < n_tiles; ++j)
             kv_tile<D, BC, NWARPS, MT, BF16, true, true>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
                                                          ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
-                                                         scale_log2, true);
+                                                         scale_log2, true, va);
     } else {
         for (int j = 0; j < n_tiles; ++j) {
             const int k0 = j * BC;
             const bool edge = k0 + BC > Tk || (causal && k0 + BC - 1 > q0 + diag);  // any masked key in the tile?
             kv_tile<D, BC, NWARPS, MT, BF16, false, false>(acc_o, row_max, row_sum, j, n_tiles, sK, sV, kh, vh, Tk, d,
                                                            ld_kv, q_lane, k_lane, v_lane, q0 + warp * WR, diag, causal,
-                                                           scale_log2, edge);
+                                                           scale_log2, edge, va);
         }
     }
     // ---- the end: normalise and store ------------------------------------------------------------------------
     cp_async_wait<0>();  // nothing may be in flight when the block exits (n_tiles == 0 leaves Q's group)
     // O goes out through this warp's own rows of sQ, which no other warp reads. With no K/V tile there was no
     // barrier after Q's copies: another thread's copy into those rows may still be landing, so wait for all of them.
-    if (n_tiles == 0) __syncthreads();
+    if (VARIANT ? kt.first >= kt.end : n_tiles == 0) __syncthreads();
     store_output<D, MT, BF16>(oh, lse, lse_base, acc_o, row_max, row_sum, q0 + warp * WR, Tq, d, ld_o,
                               sQ + 2 * warp * WR * LD);
 }
@@ -697,7 +894,8 @@ flash2_mma_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u
     const long long q_base = (long long)bh * Tq * d, k_base = (long long)bh * Tk * d;
     constexpr bool ILP = IlpBuild<NWARPS, MIN_BLOCKS>::value;
     attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + q_base, k + k_base, v + k_base, o + q_base, lse,
-                                                  (long long)bh * Tq, d, d, d, q0, Tq, Tk, d, scale_log2, causal);
+                                                  (long long)bh * Tq, d, d, d, q0, Tq, Tk, d, scale_log2, causal,
+                                                  VariantArgs());
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -732,7 +930,97 @@ flash2_mma_varlen(const u16* __restrict__ q, const u16* __restrict__ k, const u1
     attention_block<D, BC, NWARPS, MT, BF16, ILP>(q + (long long)qs * ld_q + (long long)h * d, k + kv_base,
                                                   v + kv_base, o + ((long long)qs * H + h) * d, lse,
                                                   (long long)h * total_q + qs, ld_q, ld_kv, H * d, q0, Tq, Tk, d,
-                                                  scale_log2, causal);
+                                                  scale_log2, causal, VariantArgs());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The variant kernel: the dense layout with grouped-query heads, a band mask (sliding window and causal), a prefix,
+// document ids and score modifiers. q, o (B, Hq, Tq, d); k, v (B, Hq / group, Tk, d): query head h reads kv head
+// h / group. MODS: MOD_DOCS + MOD_SOFTCAP + MOD_ALIBI, the switches of this build (0: GQA and the band only).
+// doc_q (B, Tq), doc_k (B, Tk) int32 and classes (B, ceil(Tq / BR), ceil(Tk / BC)) int8 from flash2_mma_doc_classes
+// (MOD_DOCS; else null); alibi_slopes (Hq,) float32 (MOD_ALIBI; else null). left, right, prefix: see VariantArgs
+// (causal folded into right, an unbounded side given as Tq + Tk). cap_in = scale / softcap, cap_out = softcap log2 e.
+// The grid and its order (head_major) as in flash2_mma_forward; every build runs the ILP loops.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16, int MODS>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_mma_variants(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                    u16* __restrict__ o, float* __restrict__ lse, const int* __restrict__ doc_q,
+                    const int* __restrict__ doc_k, const signed char* __restrict__ classes,
+                    const float* __restrict__ alibi_slopes, int Tq, int Tk, int d, float scale_log2, int head_major,
+                    int Hq, int group, int left, int right, int prefix, float cap_in, float cap_out) {
+    static_assert(MODS >= 0 && MODS < MOD_VARIANT, "MODS is a sum of MOD_DOCS, MOD_SOFTCAP and MOD_ALIBI");
+    constexpr int BR = MMA_M * MT * NWARPS;  // query rows per block
+    // ---- the block's (batch entry, query head) and query tile, as in flash2_mma_forward; its kv head ----------
+    const int n_qtiles = (Tq + BR - 1) / BR;
+    const int n_heads = gridDim.x / n_qtiles;
+    const int bh = head_major ? blockIdx.x / n_qtiles : blockIdx.x % n_heads;
+    const int qt = n_qtiles - 1 - (head_major ? blockIdx.x % n_qtiles : blockIdx.x / n_heads);
+    const int b = bh / Hq, h = bh % Hq;
+    const long long q_base = (long long)bh * Tq * d;
+    const long long k_base = ((long long)b * (Hq / group) + h / group) * Tk * d;
+    // ---- the mask and the modifiers ----------------------------------------------------------------------
+    VariantArgs va;
+    va.left = left;
+    va.right = right;
+    va.prefix = prefix;
+    va.Tq = Tq;
+    if constexpr ((MODS & MOD_DOCS) != 0) {
+        va.doc_q = doc_q + (long long)b * Tq;
+        va.doc_k = doc_k + (long long)b * Tk;
+        va.classes = classes + ((long long)b * n_qtiles + qt) * ((Tk + BC - 1) / BC);
+    }
+    va.cap_in = cap_in;
+    va.cap_out = cap_out;
+    if constexpr ((MODS & MOD_ALIBI) != 0) va.slope = alibi_slopes[h] * LOG2E;
+    attention_block<D, BC, NWARPS, MT, BF16, true, MODS | MOD_VARIANT>(
+        q + q_base, k + k_base, v + k_base, o + q_base, lse, (long long)bh * Tq, d, d, d, qt * BR, Tq, Tk, d,
+        scale_log2, 0, va);
+}
+
+// The tile classes of document masking, one block per (query tile, batch entry): grid (ceil(Tq / br), B), block
+// CLASS_THREADS. A tile's ids span [min, max]: a (query tile, key tile) pair is EMPTY when the two spans are disjoint
+// (no id in common), FULL when both hold one and the same id, PARTIAL otherwise. Exact for ids that never decrease
+// along the sequence (packed documents); for others EMPTY and FULL are still never wrong, only PARTIAL more common.
+// classes: (B, ceil(Tq / br), ceil(Tk / bc)) int8.
+#ifndef CLASS_THREADS
+#define CLASS_THREADS 128
+#endif
+extern "C" __global__ void __launch_bounds__(CLASS_THREADS)
+flash2_mma_doc_classes(const int* __restrict__ doc_q, const int* __restrict__ doc_k, signed char* __restrict__ classes,
+                       int Tq, int Tk, int br, int bc) {
+    __shared__ int span[2][CLASS_THREADS / WARP_SIZE];
+    const int qt = blockIdx.x, b = blockIdx.y, n_kt = (Tk + bc - 1) / bc;
+    const int* ids = doc_q + (long long)b * Tq;
+    int lo = 0x7fffffff, hi = -0x7fffffff - 1;  // the query tile's span: this thread's rows, its warp's, the block's
+    for (int i = qt * br + (int)threadIdx.x; i < min(Tq, (qt + 1) * br); i += CLASS_THREADS) {
+        lo = min(lo, ids[i]);
+        hi = max(hi, ids[i]);
+    }
+    for (int m = 16; m > 0; m /= 2) {
+        lo = min(lo, __shfl_xor_sync(FULL_MASK, lo, m));
+        hi = max(hi, __shfl_xor_sync(FULL_MASK, hi, m));
+    }
+    if (threadIdx.x % WARP_SIZE == 0) {
+        span[0][threadIdx.x / WARP_SIZE] = lo;
+        span[1][threadIdx.x / WARP_SIZE] = hi;
+    }
+    __syncthreads();
+    for (int w = 0; w < CLASS_THREADS / WARP_SIZE; ++w) {
+        lo = min(lo, span[0][w]);
+        hi = max(hi, span[1][w]);
+    }
+    const int* keys = doc_k + (long long)b * Tk;
+    signed char* out = classes + ((long long)b * gridDim.x + qt) * n_kt;
+    for (int kt = threadIdx.x; kt < n_kt; kt += CLASS_THREADS) {  // one key tile per thread
+        int klo = 0x7fffffff, khi = -0x7fffffff - 1;
+        for (int j = kt * bc; j < min(Tk, (kt + 1) * bc); ++j) {
+            klo = min(klo, keys[j]);
+            khi = max(khi, keys[j]);
+        }
+        const bool one_id = lo == hi && klo == khi && klo == lo;
+        out[kt] = (khi < lo || klo > hi) ? TILE_EMPTY : one_id ? TILE_FULL : TILE_PARTIAL;
+    }
 }
 
 // ---- the builds the launcher uses by default (kernels/flash/flash2_mma.py: TILES and VARLEN_TILES), instantiated so that
@@ -761,4 +1049,11 @@ FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, true)
+// one variant build per head size (all three switches on at D = 64; the launcher compiles the others it needs)
+#define FLASH2_MMA_VARIANTS_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16, MODS)                                \
+    template __global__ void flash2_mma_variants<D, BC, NWARPS, MT, MIN_BLOCKS, BF16, MODS>(                      \
+        const u16*, const u16*, const u16*, u16*, float*, const int*, const int*, const signed char*, const float*, \
+        int, int, int, float, int, int, int, int, int, int, float, float);
+FLASH2_MMA_VARIANTS_INSTANTIATE(64, 64, 4, 2, 2, false, 7)
+FLASH2_MMA_VARIANTS_INSTANTIATE(128, 64, 4, 2, 1, true, 0)
 #endif

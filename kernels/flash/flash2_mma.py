@@ -13,6 +13,16 @@ Packed variable-length batches (FlashAttention's varlen interface; notebook 09):
 q (total_q, H, d), k and v (total_k, H, d): the real tokens of B sequences one after the other, sequence b in rows
 cu_seqlens[b] .. cu_seqlens[b+1]-1 (int32, B+1 entries); o (total_q, H, d), lse (H, total_q). q, k, v may be views
 with a token stride other than H*d (for example the q, k, v thirds of one fused QKV projection, (total, 3, H, d)).
+
+The variants of reference/variants.py (attention_variant), through the kernel flash2_mma_variants:
+
+    o = forward(q, k, v, causal=True, window=(1024, 0))        # k, v may have Hkv heads, Hq % Hkv == 0 (GQA, MQA)
+    o = forward(q, k, v, prefix=64, causal=True, softcap=30.0, alibi_slopes=slopes, doc_ids_q=ids, doc_ids_k=ids)
+
+window (left, right): ints >= 0 or None (unbounded), combined with causal; prefix: keys < prefix seen by every query;
+doc_ids_q (B, Tq) and doc_ids_k (B, Tk): int32 CuPy arrays (doc_ids_k defaults to doc_ids_q when Tq == Tk);
+alibi_slopes (Hq,) float32 CuPy array; softcap > 0. Key tiles no row of a query tile sees are skipped, tiles every row
+sees in full run without mask code (see the kernel's key_tiles; document ids through flash2_mma_doc_classes).
 """
 
 from __future__ import annotations
@@ -24,8 +34,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core import (DTYPE_NAMES, I32, INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, Launch, attention_launch, blocks_per_sm,
-                    ceil_div, check_array, check_grid, cp, current_device, defines_from, device_info, dtype_set,
-                    get_kernel, launch_cache, validate_attention)
+                    ceil_div, check_alignment, check_array, check_grid, cp, current_device, defines_from, device_info,
+                    dtype_set, get_kernel, launch_cache, qkv_key, validate_attention)
 from ..core.registry import Variant, register
 
 KERNEL_FILE = "flash2_mma.cu"
@@ -145,6 +155,23 @@ NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIM
                [((name_expression(64, ROW_LOOP_TILE, dt),), ROW_LOOP_TILE.defines) for dt in DTYPES]
 
 
+# The variant kernel: one build per (D, tile, dtype, MODS), MODS a sum of the switches below (the kernel's MOD_ flags).
+VARIANTS_KERNEL_NAME = "flash2_mma_variants"
+CLASS_KERNEL_NAME = "flash2_mma_doc_classes"
+MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI = 1, 2, 4
+CLASS_THREADS = 128  # threads of a flash2_mma_doc_classes block; handed to the kernel as -DCLASS_THREADS
+CLASS_DEFINES = DEFINES + defines_from(CLASS_THREADS=CLASS_THREADS)
+
+
+def variant_name_expression(D: int, tile: MmaTile, dtype: str, mods: int) -> str:
+    return name_expression(D, tile, dtype, VARIANTS_KERNEL_NAME)[:-1] + f", {mods}>"
+
+
+# every variant build of the default tiles (the eight MODS of one D and dtype in one NVRTC program), and the classes
+NVRTC_BUILDS += [(tuple(variant_name_expression(D, TILES[D], dt, mods) for mods in range(8)), DEFINES)
+                 for D in HEAD_DIMS for dt in DTYPES] + [((), CLASS_DEFINES)]
+
+
 class Build(NamedTuple):
     """One compiled configuration, with the numbers its launch needs worked out once."""
     kernel: object  # kernels.core.Kernel
@@ -168,8 +195,12 @@ def build(D: int, tile: tuple | None, dtype: str, kernel_name: str = KERNEL_NAME
     return Build(kernel, tile, smem, tile.rows, tile.threads)
 
 
-def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None):
+def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None, window=None,
+            prefix=None, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None, softcap=None):
     """softmax(scale q k^T) v on tensor cores (mma.sync.m16n8k16), FlashAttention-2 loop; optionally the LSE.
+
+    window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant kernel
+    (forward_variants; reference.attention_variant is its oracle). Without them, the dense kernel as before.
 
     tile: optional MmaTile (or a (BC, NWARPS, MT[, MIN_BLOCKS[, ILP]]) tuple) instead of TILES[D] (notebook 06's
     sweep).
@@ -178,7 +209,12 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, h
     The first call of a problem runs _prepare; later calls with the same shapes, dtype and options reuse its launch
     (kernels.core.attention_launch).
     """
-    return attention_launch(_CALLS, _prepare, q, k, v, ALIGN, (causal, scale, tile, head_major), return_lse)
+    if (window is None and prefix is None and doc_ids_q is None and doc_ids_k is None and alibi_slopes is None
+            and softcap is None and not _grouped(q, k)):
+        return attention_launch(_CALLS, _prepare, q, k, v, ALIGN, (causal, scale, tile, head_major), return_lse)
+    return forward_variants(q, k, v, causal=causal, scale=scale, return_lse=return_lse, tile=tile,
+                            head_major=head_major, window=window, prefix=prefix, doc_ids_q=doc_ids_q,
+                            doc_ids_k=doc_ids_k, alibi_slopes=alibi_slopes, softcap=softcap)
 
 
 _CALLS = launch_cache()  # (qkv_key, options) -> what _prepare returned
@@ -366,6 +402,214 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                 np.int32(total_k), np.int32(H), np.int32(d), np.int32(ld_q), np.int32(ld_k),
                 np.float32(scale * LOG2E), I32[bool(causal)]),
                smem)
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The variants: grouped-query heads, window / causal / prefix, document ids, softcap, ALiBi (flash2_mma_variants)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _grouped(q, k) -> bool:
+    """True when q and k are 4-D with different head counts (grouped-query attention)."""
+    qs, ks = getattr(q, "shape", None), getattr(k, "shape", None)
+    return qs is not None and ks is not None and len(qs) == 4 and len(ks) == 4 and qs[1] != ks[1]
+
+
+class VariantSpec(NamedTuple):
+    """What the variant kernel takes besides the arrays: the group size Hq // Hkv, the band (left, right) with causal
+    folded in and an unbounded side as Tq + Tk, the prefix, the MODS of the build and the softcap's two factors."""
+    group: int
+    left: int
+    right: int
+    prefix: int
+    mods: int
+    cap_in: float
+    cap_out: float
+
+
+def _side(name: str, value, T: int) -> int:
+    """One side of a window: an int >= 0 (TypeError / ValueError otherwise), or T for None (unbounded)."""
+    if value is None:
+        return T
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"window {name} must be an int >= 0 or None (unbounded); got {value!r}")
+    if value < 0:
+        raise ValueError(f"window {name} must be >= 0 (None for unbounded); got {value}")
+    return min(int(value), T)
+
+
+def variant_spec(q_shape: tuple, k_shape: tuple, scale: float, *, causal=False, window=None, prefix=None, softcap=None,
+                 docs: bool = False, alibi: bool = False) -> VariantSpec:
+    """Check the variant options against q (B, Hq, Tq, d) and k (B, Hkv, Tk, d) shapes and return their VariantSpec.
+    Needs no GPU: the checks of the arrays themselves (document ids, slopes) are check_variant_arrays'."""
+    _, Hq, Tq, _ = q_shape
+    Hkv, Tk = k_shape[1], k_shape[2]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"q has Hq={Hq} heads and k, v Hkv={Hkv}: Hq must be a multiple of Hkv (Hq % Hkv == 0)")
+    unbounded = Tq + Tk  # no query position is that far from a key
+    if window is None:
+        left, right = unbounded, unbounded
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise ValueError(f"window must be a pair (left, right) of ints >= 0 or None; got {window!r}")
+        left, right = _side("left", window[0], unbounded), _side("right", window[1], unbounded)
+    if causal:
+        right = 0  # min(right, 0): causal keeps the keys up to the diagonal
+    if prefix is None:
+        prefix = 0
+    elif isinstance(prefix, bool) or not isinstance(prefix, (int, np.integer)):
+        raise TypeError(f"prefix must be an int in [0, Tk={Tk}] or None; got {prefix!r}")
+    elif not 0 <= prefix <= Tk:
+        raise ValueError(f"prefix must be in [0, Tk={Tk}]; got {prefix}")
+    mods = (MOD_DOCS if docs else 0) | (MOD_ALIBI if alibi else 0)
+    cap_in = cap_out = 0.0
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+            raise TypeError(f"softcap must be a number > 0 or None; got {softcap!r}")
+        softcap = float(softcap)
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be a finite number > 0 (None for no soft-capping); got {softcap}")
+        mods |= MOD_SOFTCAP
+        cap_in, cap_out = scale / softcap, softcap * LOG2E
+    return VariantSpec(Hq // Hkv, left, right, int(prefix), mods, cap_in, cap_out)
+
+
+def _check_side_array(x, name: str, dtype: str, shape: tuple, what: str, dev) -> None:
+    """x must be a C-contiguous array of `dtype` and `shape` (on device dev: a CuPy array there, when dev is given)."""
+    if dev is not None:
+        check_array(x, name, dtypes=(dtype,), ndim=len(shape), dev=dev)
+    elif not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise TypeError(f"{name} must be an array; got {type(x).__name__}")
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} has dtype {np.dtype(x.dtype).name}; it must be {dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {what} = {shape}; got {tuple(x.shape)}")
+
+
+def check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B: int, Hq: int, Tq: int, Tk: int, dev=None):
+    """The document ids ((B, Tq) and (B, Tk) int32; doc_ids_k defaults to doc_ids_q when Tq == Tk) and the ALiBi slopes
+    ((Hq,) float32), checked; returns (doc_ids_q, doc_ids_k). dev=None checks dtypes and shapes only (no GPU needed).
+    The ids and slopes are GPU values and are not read here: any int32 ids and any float32 slopes are accepted."""
+    if doc_ids_q is None and doc_ids_k is not None:
+        raise ValueError("doc_ids_k was given without doc_ids_q; document masking needs both (or doc_ids_q alone "
+                         "when Tq == Tk)")
+    if doc_ids_q is not None:
+        if doc_ids_k is None:
+            if Tq != Tk:
+                raise ValueError(f"doc_ids_k is needed when Tq != Tk (Tq={Tq}, Tk={Tk}); only doc_ids_q was given")
+            doc_ids_k = doc_ids_q
+        _check_side_array(doc_ids_q, "doc_ids_q", "int32", (B, Tq), "(B, Tq)", dev)
+        _check_side_array(doc_ids_k, "doc_ids_k", "int32", (B, Tk), "(B, Tk)", dev)
+    if alibi_slopes is not None:
+        _check_side_array(alibi_slopes, "alibi_slopes", "float32", (Hq,), "(Hq,), one slope per query head", dev)
+    return doc_ids_q, doc_ids_k
+
+
+def _validate_grouped(q, k, v, dev):
+    """validate_attention for k, v of Hkv heads: q's checks through validate_attention itself, k's and v's here;
+    returns (B, Hq, Hkv, Tq, Tk, d)."""
+    B, Hq, Tq, _, d, _ = validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE, what=WHAT,
+                                            align=ALIGN)
+    same = dtype_set((q.dtype.name,))
+    check_array(k, "k", dtypes=same, ndim=4, dev=dev)
+    check_array(v, "v", dtypes=same, ndim=4, dev=dev)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape} and v {v.shape}")
+    kB, Hkv, Tk, kd = k.shape
+    if kB != B or kd != d:
+        raise ValueError(f"q {q.shape} and k {k.shape} must agree on B and d")
+    if min(Hkv, Tk) < 1:
+        raise ValueError(f"every dimension must be >= 1; got k {k.shape}")
+    if k.size > INT32_MAX:
+        raise ValueError(f"k has {k.size} elements; {WHAT} indexes with 32-bit integers (<= {INT32_MAX})")
+    if k.data.ptr % ALIGN or v.data.ptr % ALIGN:
+        check_alignment(WHAT, ALIGN, k=k, v=v)
+    return B, Hq, Hkv, Tq, Tk, d
+
+
+@functools.lru_cache(maxsize=None)
+def variant_build(D: int, tile: tuple | None, dtype: str, mods: int) -> Build:
+    """The Build of the variant kernel for (D, tile, dtype, MODS); every build runs the ILP loop."""
+    tile = TILES[D] if tile is None else MmaTile(*tile)
+    tile.check(D)
+    if tile.ILP is False:
+        raise ValueError(f"tile {tuple(tile)}: the variant kernel runs the ILP loop only (ILP must be None or True)")
+    expr = variant_name_expression(D, tile, dtype, mods)
+    smem = tile.smem_bytes(D)
+    kernel = get_kernel(KERNEL_FILE, expr, name_expressions=(expr,), defines=tile.defines, shared_mem=smem,
+                        carveout=CARVEOUT_MAX_SHARED)
+    return Build(kernel, tile, smem, tile.rows, tile.threads)
+
+
+def _class_kernel():
+    return get_kernel(KERNEL_FILE, CLASS_KERNEL_NAME, defines=CLASS_DEFINES)
+
+
+_VCALLS = launch_cache()  # (qkv_key, options) -> what _prepare_variants returned
+
+
+def _prepare_variants(q, k, v, dev, causal, scale, tile, head_major, window, prefix, softcap, docs, alibi):
+    """Validate q, k, v and the options (not the arrays of ids and slopes: check_variant_arrays, on every call) and
+    return what a call of this problem needs: (Launch, o shape, lse shape, classes shape or None)."""
+    if _grouped(q, k):
+        B, Hq, _, Tq, Tk, d = _validate_grouped(q, k, v, dev)
+    else:  # the same heads (or a shape validate_attention rejects with the precise error)
+        B, Hq, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
+                                                 what=WHAT, align=ALIGN)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (folded into exp2 after the row max); "
+                         f"got {scale}")
+    spec = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
+                        docs=docs, alibi=alibi)
+    b = variant_build(BUILD_FOR[d], tile, DTYPE_NAMES[q.dtype], spec.mods)
+    n_qt = ceil_div(Tq, b.rows)
+    blocks = check_grid(B * Hq * n_qt, WHAT, MAX_GRID_X)
+    if docs:
+        check_grid(B, WHAT + " document classes", MAX_GRID_YZ, "y")
+    order = grid_order(bool(causal) or window is not None, B * Hq, Tk, d, q.itemsize, device_info().l2_bytes,
+                       grid_waves(b, blocks)) if head_major is None else bool(head_major)
+    tail = (np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale * LOG2E), I32[order], np.int32(Hq),
+            np.int32(spec.group), np.int32(spec.left), np.int32(spec.right), np.int32(spec.prefix),
+            np.float32(spec.cap_in), np.float32(spec.cap_out))
+    launch = Launch(b.kernel, (blocks,), (b.threads,), b.smem, 9, tail, dev)
+    classes = (B, n_qt, ceil_div(Tk, b.tile.BC), b.rows, b.tile.BC) if docs else None
+    return launch, (B, Hq, Tq, d), (B, Hq, Tq), classes
+
+
+def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, tile=None, head_major=None, window=None,
+                     prefix=None, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None, softcap=None):
+    """attention_variant of reference/variants.py on tensor cores: q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) with
+    Hq % Hkv == 0, float16 or bfloat16; the options as forward() takes them (see the module's docstring). Returns o
+    (B, Hq, Tq, d) and with return_lse lse (B, Hq, Tq) float32 (-inf for a row that sees no key, whose o is 0).
+    With document ids a small kernel classifies the tiles first (one more launch per call)."""
+    dev = current_device()
+    docs, alibi = doc_ids_q is not None or doc_ids_k is not None, alibi_slopes is not None
+    options = (bool(causal), scale, None if tile is None else tuple(tile), head_major,
+               None if window is None else tuple(window) if isinstance(window, (tuple, list)) else window, prefix,
+               softcap, docs, alibi)
+    key = qkv_key(q, k, v, dev, ALIGN)
+    entry = _VCALLS.get((key, options)) if key is not None else None
+    if entry is None:
+        entry = _prepare_variants(q, k, v, dev, *options)
+        if key is not None:
+            if len(_VCALLS) >= 1024:
+                _VCALLS.clear()
+            _VCALLS[(key, options)] = entry
+    launch, o_shape, lse_shape, classes_shape = entry
+    B, Hq, Tq, _ = o_shape
+    doc_ids_q, doc_ids_k = check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B, Hq, Tq, k.shape[2], dev)
+    o = cp.empty(o_shape, dtype=q.dtype)
+    lse = cp.empty(lse_shape, dtype=cp.float32) if return_lse else None
+    classes = None
+    if classes_shape is not None:
+        _, n_qt, n_kt, br, bc = classes_shape
+        classes = cp.empty((B, n_qt, n_kt), dtype=cp.int8)
+        _class_kernel()((n_qt, B), (CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq),
+                                                      np.int32(k.shape[2]), np.int32(br), np.int32(bc)))
+    ptr = (lambda x: 0 if x is None else x.data.ptr)
+    launch(cp.cuda.get_current_stream().ptr, q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, ptr(lse),
+           ptr(doc_ids_q), ptr(doc_ids_k), ptr(classes), ptr(alibi_slopes))
     return (o, lse) if return_lse else o
 
 
