@@ -13,7 +13,7 @@ header has the algorithm; kernels/hopper/README.md ("The backward") the design a
 Same contract as flash2_mma_bwd.backward, for d = 64 or 128 only, and any finite scale (negative too, as the
 forward). deterministic=True uses the build compiled with -D DETERMINISTIC=1: the key tiles add their parts of dQ in
 a fixed order, one after the other per query tile, so dq is bitwise repeatable (dk and dv always are).
-Not yet the PyTorch operator's backward: that switch waits for this kernel's GPU verification.
+On a Hopper, the PyTorch attention operator's backward runs this kernel at d = 64 and 128 (kernels/pytorch/torch_ops.py).
 """
 
 from __future__ import annotations
