@@ -5,6 +5,7 @@ arithmetic of the kernel's key_tiles, written out in Python, visits exactly the 
 not call EMPTY and calls FULL only tiles the reference calls FULL."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,39 +34,19 @@ def test_every_variant_build_is_listed():
 @pytest.mark.parametrize("names,defines", _variant_builds(), ids=lambda x: (x[0] if x else "classes")
                          if isinstance(x, tuple) and (not x or not x[0].startswith("-D")) else "")
 def test_variant_build_compiles_and_holds_its_kernels(names, defines, arch):
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
-    from kernels.core import NVRTC_OPTIONS, cuda_header_options
-    from tests.test_compile import ROOT, _cuda_include_dir, _kernel_names_in
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
+    from kernels.core import NVRTC_OPTIONS, compile_program, cuda_header_options
+    from tests.test_compile import _cuda_include_dir, _kernel_names_in
 
-    cu = ROOT / "kernels" / "flash" / F.KERNEL_FILE
-    opts = [f"--gpu-architecture={arch}", *NVRTC_OPTIONS[1:], *defines, *cuda_header_options()]
     inc = _cuda_include_dir()
-    if inc is not None:
-        opts.append(f"-I{inc}")
-    err, prog = nvrtc.nvrtcCreateProgram(cu.read_text().encode(), cu.name.encode(), 0, [], [])
-    try:
-        for expr in names:
-            (err,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode())
-            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (expr, err)
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        log = log.decode(errors="replace").strip("\x00 \n")
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{names} ({arch}) failed:\n{log}"
-        assert "warning" not in log.lower(), log
-        _, size = nvrtc.nvrtcGetCUBINSize(prog)
-        cubin = b" " * size
-        nvrtc.nvrtcGetCUBIN(prog, cubin)
-        symbols = _kernel_names_in(cubin)
-        for expr in names:
-            err, lowered = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
-            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (expr, err)
-            lowered = lowered if isinstance(lowered, bytes) else lowered.encode()
-            assert lowered.rstrip(b"\x00") in symbols, f"{expr} is not in the {arch} CUBIN"
-        assert F.CLASS_KERNEL_NAME.encode() in symbols, f"{F.CLASS_KERNEL_NAME} is not in the {arch} CUBIN"
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    options = (*NVRTC_OPTIONS, *defines, *cuda_header_options(), *([f"-I{inc}"] if inc is not None else []))
+    source = (Path(F.__file__).parent / F.KERNEL_FILE).read_text()
+    cubin, log, lowered = compile_program(source, F.KERNEL_FILE, arch, options, tuple(names))
+    assert "warning" not in log.lower(), log
+    symbols = _kernel_names_in(cubin)
+    for expr in names:
+        assert lowered[expr].encode() in symbols, f"{expr} is not in the {arch} CUBIN"
+    assert F.CLASS_KERNEL_NAME.encode() in symbols, f"{F.CLASS_KERNEL_NAME} is not in the {arch} CUBIN"
 
 
 # ---- the checks of the options ---------------------------------------------------------------------------------------

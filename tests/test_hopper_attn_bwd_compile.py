@@ -27,7 +27,8 @@ import pytest
 
 from kernels import core
 from kernels.hopper import hopper_attn_bwd as B
-from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
+from test_hopper_compile import _nvrtc_available, _per_function, _run
+from test_hopper_compile import cuobjdump, sass  # noqa: F401 (fixtures: disassembly of this module's cubin)
 
 ARCH = "sm_90a"
 # HGMMA.64xNx16.F32[.BF16] Rd, [Ra,] gdesc[URx][.tnspA][.tnspB], ...: one descriptor register pair holds both
@@ -61,16 +62,6 @@ def cubin(tmp_path_factory, build):
     path = tmp_path_factory.mktemp("hopper_attn_bwd") / "hopper_attn_bwd_sm_90a.cubin"
     path.write_bytes(data)
     return path
-
-
-@pytest.fixture(scope="module")
-def cuobjdump(cubin):
-    return cuobjdump_for(cubin)
-
-
-@pytest.fixture(scope="module")
-def sass(cubin, cuobjdump):
-    return _per_function(_run(cuobjdump, "-sass", str(cubin)), r"Function : (\w+)")
 
 
 def test_nvrtc_builds_hold_every_kernel(sass):

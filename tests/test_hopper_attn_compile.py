@@ -27,7 +27,8 @@ import pytest
 
 from kernels import core
 from kernels.hopper import hopper_attn as A
-from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
+from test_hopper_compile import _nvrtc_available, _per_function, _run
+from test_hopper_compile import cuobjdump, sass  # noqa: F401 (fixtures: disassembly of this module's cubin)
 
 ARCH = "sm_90a"
 HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+|gdesc\[\w+\])(?:,\s*gdesc\[\w+\](\.tnspB)?)?")
@@ -66,16 +67,6 @@ def cubin(tmp_path_factory, build):
     path = tmp_path_factory.mktemp("hopper_attn") / "hopper_attn_sm_90a.cubin"
     path.write_bytes(data)
     return path
-
-
-@pytest.fixture(scope="module")
-def cuobjdump(cubin):
-    return cuobjdump_for(cubin)
-
-
-@pytest.fixture(scope="module")
-def sass(cubin, cuobjdump):
-    return _per_function(_run(cuobjdump, "-sass", str(cubin)), r"Function : (\w+)")
 
 
 @pytest.mark.parametrize("key", sorted(A.KERNEL_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
