@@ -215,8 +215,8 @@ def _check_cc(i: int) -> None:
 
 def backward_kernel(q) -> str:
     """The kernel the attention operator's backward runs for q (a CUDA tensor (B, H, Tq, d)): "hopper_attn_bwd" (TMA
-    and wgmma) on compute capability 9.x with d = 64 or 128, where it ran 1.4-2.0x faster than flash2_mma_bwd on every
-    shape of the stored H100 runs (results/h100-hopper-bwd-f16.json, -bf16.json); "flash2_mma_bwd" elsewhere."""
+    and wgmma) on compute capability 9.x with d = 64 or 128, where it was faster on every measured shape (the table in
+    kernels/hopper/README.md, "Speed"); "flash2_mma_bwd" elsewhere."""
     major = device_info(q.device.index).cc[0]
     return "hopper_attn_bwd" if major == 9 and q.shape[-1] in hopper_attn_bwd.HEAD_DIMS else "flash2_mma_bwd"
 
