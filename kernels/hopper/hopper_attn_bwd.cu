@@ -55,8 +55,9 @@
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_KV (dV,
-//   dK issued before d.'s barrier), DQ_FIRST (dQ_part waited for first, e. while dK, dV run); see accumulate.
+//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P (b. once
+//   S^T alone has completed), EARLY_KV (dV, dK issued before d.'s barrier), DQ_FIRST (dQ_part waited for first, e.
+//   while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -94,7 +95,10 @@
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
 #endif
-// The schedule of step d. (each 0 or 1, any combination; the results are the same bits, only waits move)
+// The schedule of steps a. and d. (each 0 or 1, any combination; the results are the same bits, only waits move)
+#ifndef EARLY_P
+#define EARLY_P 0          // 1: P^T's exponentials once S^T alone has completed, dS^T once dP^T has too
+#endif
 #ifndef EARLY_KV
 #define EARLY_KV 0         // 1: dV, dK issued ahead of the dS barrier, dQ_part behind it in a commit group of its own
 #endif
@@ -242,10 +246,21 @@ DEVICE void issue_scores(float (&acc)[T::S_ACC], u32 x_rows, u32 y_tile) {
     wgmma_commit();
 }
 
+// The rest of step b under EARLY_P: dS^T = P^T (dP^T - delta[q]), the same product as above (P^T = 0 where masked).
+template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[N], const float* delta, int t) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc_dp[4 * i + j] = acc_s[4 * i + j] * (acc_dp[4 * i + j] - (j % 2 ? dl.y : dl.x));
+    }
+}
+
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
 // dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or (causal) key > query + diag; a select,
 // not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
-template <bool MASK, int N>
+// SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
+template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
                           const Problem& pb, const int (&key)[2], int q0, int t) {
 #pragma unroll
@@ -263,10 +278,15 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
                     const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | ((pb.causal != 0) & (key[h] > q + pb.diag));
                     p = hidden ? 0.0f : p;
                 }
-                acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
+                if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
                 acc_s[idx] = p;
             }
         }
+    }
+    if constexpr (SPLIT) {
+        wgmma_wait<0>();
+        wgmma_pin(acc_dp);
+        ds_from_p(acc_s, acc_dp, delta, t);
     }
 }
 
@@ -482,16 +502,16 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         float acc_s[T::S_ACC], acc_dp[T::S_ACC];
         issue_scores<T, BF16>(acc_s, sk_rows, sm.sQ(pos.s));
         issue_scores<T, BF16>(acc_dp, sv_rows, sm.sdO(pos.s));
-        wgmma_wait<0>();
+        wgmma_wait<EARLY_P ? 1 : 0>();  // EARLY_P: S^T alone
         wgmma_pin(acc_s);
-        wgmma_pin(acc_dp);
+        if constexpr (!EARLY_P) wgmma_pin(acc_dp);
         // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
         const float* rows = sm.rows(buf);
         const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
         if (mask)
-            probabilities<true>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+            probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
-            probabilities<false>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+            probabilities<false, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
         u32 p[T::A_REGS], ds[T::A_REGS];
         if (more) store_row_value(sm, buf ^ 1, next_row_value);  // the next tile's rows, ahead of d.'s dS barrier
