@@ -1,7 +1,9 @@
 """kernels/hopper/hopper_attn_bwd.cu built for sm_90a without a GPU: the Hopper instructions are in the machine code.
 
 Each NVRTC build of kernels.hopper.hopper_attn_bwd (NVRTC_BUILDS; the deterministic build, -D DETERMINISTIC=1; the
-build that adds dQ by atomics, -D DQ_BULK=0), compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the tools come from).
+build that adds dQ by atomics, -D DQ_BULK=0), each of them also under every mix of the schedule switches (EARLY_P,
+EARLY_KV, DQ_FIRST), compiled for sm_90a and disassembled with cuobjdump (tests/test_hopper_compile.py says where the
+tools come from).
 Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 128 keys, 64 per consumer warpgroup):
 
     HGMMA.64xBLOCK_Mx16.F32[.BF16]  Rd, gdesc       S^T = K Q^T and dP^T = V dO^T (SS, both K-major): 2 x D/16
@@ -14,7 +16,12 @@ Per main kernel (dtype x D; BLOCK_M = 128 at D = 64, 64 at D = 128; the CTA's 12
 
 (each product once: the masked and unmasked paths of step b meet before the products), the 168 registers that
 setmaxnreg's budget assumes (24 + 2 x 240 = 3 x 168), no local memory (spills), four 128-byte tensor-map parameters,
-and the shared-memory formula of the launcher.
+and the shared-memory formula of the launcher. Per schedule, where the waits and the dS barrier fall:
+
+    WARPGROUP.DEPBAR.LE gsb0, 0x1   a wait that leaves the last commit group running: one for EARLY_P (S^T alone),
+                                    one for DQ_FIRST (dQ_part alone); none otherwise
+    BAR.SYNC 0x1 (the dS barrier)   EARLY_KV: after the first dV/dK HGMMA and before dQ_part's; else before both
+    dQ_part's HGMMAs                DQ_FIRST: before some dV/dK HGMMA (before all of them without EARLY_KV)
 """
 
 import os
@@ -34,15 +41,30 @@ ARCH = "sm_90a"
 # HGMMA.64xNx16.F32[.BF16] Rd, [Ra,] gdesc[URx][.tnspA][.tnspB], ...: one descriptor register pair holds both
 # shared-memory operands (SS) or B alone (RS, A from registers Ra)
 HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+,\s*)?gdesc\[\w+\]((?:\.tnspA)?(?:\.tnspB)?)")
-# (deterministic, DQ_BULK) -> the -D defines of that build
-BUILDS = {(False, 1): B.NVRTC_BUILDS[0][1],
-          (True, 1): B.DEFINES + B.ORDER_DEFINES[True] + core.defines_from(DQ_BULK=1),
-          (False, 0): B.DEFINES + B.ORDER_DEFINES[False] + core.defines_from(DQ_BULK=0)}
-assert B.DQ_BULK == 1 and "-DDQ_BULK=1" in BUILDS[(False, 1)]
+# every mix of the schedule switches: (EARLY_P, EARLY_KV, DQ_FIRST)
+SCHEDULES = [(p, kv, first) for p in (0, 1) for kv in (0, 1) for first in (0, 1)]
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDS), ids=lambda b: {(False, 1): "bulk", (True, 1): "deterministic",
-                                                                         (False, 0): "atomic"}[b])
+def schedule_defines(sched):
+    return core.defines_from(**dict(zip(B.SCHEDULE_SWITCHES, sched)))
+
+
+# (deterministic, DQ_BULK, schedule) -> the -D defines of that build
+BUILDS = {(det, bulk, sched):
+          B.DEFINES + B.ORDER_DEFINES[det] + core.defines_from(DQ_BULK=bulk) + schedule_defines(sched)
+          for det, bulk in ((False, 1), (True, 1), (False, 0)) for sched in SCHEDULES}
+assert B.DQ_BULK == 1 and BUILDS[(False, 1, (0, 0, 0))] == B.NVRTC_BUILDS[0][1]
+assert B.SCHEDULE_SWITCHES == ("EARLY_P", "EARLY_KV", "DQ_FIRST")
+assert B.schedule() == dict.fromkeys(B.SCHEDULE_SWITCHES, 0)  # the launcher's default: the schedule of main
+
+
+def build_id(b):
+    det, bulk, sched = b
+    name = {(False, 1): "bulk", (True, 1): "deterministic", (False, 0): "atomic"}[(det, bulk)]
+    return "-".join([name] + [n.lower() for n, on in zip(B.SCHEDULE_SWITCHES, sched) if on])
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDS), ids=build_id)
 def build(request):
     return request.param
 
@@ -71,7 +93,7 @@ def test_nvrtc_builds_hold_every_kernel(sass):
 
 @pytest.mark.parametrize("key", sorted(B.MAIN_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
 def test_sass_has_the_five_products_and_tma(sass, build, key, capsys):
-    deterministic, bulk = build
+    deterministic, bulk, sched = build
     dtype, D = key
     name = B.MAIN_NAMES[key]
     code = sass[name]
@@ -100,8 +122,38 @@ def test_sass_has_the_five_products_and_tma(sass, build, key, capsys):
     spills = len(re.findall(r"\b(?:LDL|STL)\b", code))
     assert spills == 0, f"{name}: {spills} local-memory loads/stores (register spills)"
     with capsys.disabled():
-        print(f"\n{name} ({ARCH}, deterministic={int(deterministic)}, DQ_BULK={bulk}): HGMMA {dict(forms)}, UTMALDG {utmaldg}, "
+        print(f"\n{name} ({ARCH}, {build_id(build)}): HGMMA {dict(forms)}, UTMALDG {utmaldg}, "
               f"reductions {reductions}, {len(code.splitlines())} SASS lines")
+
+
+def _schedule_tokens(code):
+    """The main loop's landmarks in SASS order: "rs" (dV, dK), "dq" (dQ_part), "bar" (named barrier 1: the dS
+    barrier)."""
+    tokens = []
+    for line in code.splitlines():
+        m = HGMMA.search(line)
+        if m:
+            tokens.append("rs" if m.group(3) else ("dq" if ".tnspA" in m.group(4) else "scores"))
+        elif re.search(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)? 0x1,", line):
+            tokens.append("bar")
+    return tokens
+
+
+@pytest.mark.parametrize("key", sorted(B.MAIN_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")
+def test_sass_follows_the_schedule(sass, build, key):
+    early_p, early_kv, dq_first = build[2]
+    name = B.MAIN_NAMES[key]
+    code = sass[name]
+    partial = len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x1\b", code))
+    assert partial == early_p + dq_first, f"{name}: {partial} waits that leave one commit group running"
+    tokens = _schedule_tokens(code)
+    first_dq = tokens.index("dq")
+    rs = [i for i, tok in enumerate(tokens) if tok == "rs"]
+    bar = max(i for i, tok in enumerate(tokens[:first_dq]) if tok == "bar")  # the dS barrier dQ_part waits for
+    assert (rs[0] < bar) == bool(early_kv), f"{name}: dV/dK against the dS barrier: {tokens}"
+    assert (rs[-1] > first_dq) == bool(dq_first), f"{name}: dQ_part against dV/dK: {tokens}"
+    if dq_first and not early_kv:
+        assert rs[0] > first_dq, f"{name}: dQ_part before every dV/dK product: {tokens}"
 
 
 def test_register_budget_and_no_local_memory(cubin, cuobjdump):
@@ -134,7 +186,8 @@ def test_constants_agree_with_the_kernel():
     assert "199680 (D = 64) and 198656 bytes (D = 128)" in source
     assert [B.smem_bytes(d, dq_bulk=0) for d in B.HEAD_DIMS] == [166912, 165888]
     for name, value in (("BLOCK_M_D64", B.BLOCK_M[64]), ("BLOCK_M_D128", B.BLOCK_M[128]), ("STAGES", B.STAGES),
-                        ("PRE_WARPS", B.PRE_WARPS), ("DETERMINISTIC", 0), ("DQ_BULK", B.DQ_BULK)):
+                        ("PRE_WARPS", B.PRE_WARPS), ("DETERMINISTIC", 0), ("DQ_BULK", B.DQ_BULK),
+                        *((n, getattr(B, n)) for n in B.SCHEDULE_SWITCHES)):
         assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
     assert "constexpr int BLOCK_N = 128;" in source and B.BLOCK_N == 128
     assert B.LAUNCH_REGS == 168 and B.THREADS == 384
@@ -146,11 +199,13 @@ def test_constants_agree_with_the_kernel():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("det,bulk", [(0, 1), (1, 1), (0, 0)])
-def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk):
+@pytest.mark.parametrize("det,bulk,sched", [(0, 1, s) for s in SCHEDULES] + [(1, 1, (0, 0, 0)), (0, 0, (0, 0, 0)),
+                                              (1, 1, (1, 1, 1)), (0, 0, (1, 1, 1))])
+def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
     cu = core.kernel_path(B.KERNEL_FILE)
     cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
-           f"-DDETERMINISTIC={det}", f"-DDQ_BULK={bulk}", "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
+           f"-DDETERMINISTIC={det}", f"-DDQ_BULK={bulk}", *schedule_defines(sched), "--resource-usage", "-o",
+           os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma

@@ -8,8 +8,13 @@ reductions of several CTAs meet); a larger magnitude (std 10 logits); custom and
 (different BLOCK_M and dQ splits); float16 and bfloat16. Tolerances are kernels.check's (the dtype's row of
 CONTRIBUTING.md's table), as for the mma.sync backward in tests/test_torch_ops_gpu.py. Outputs start as NaN
 (poisoned allocations), so an element the kernels do not write fails. The deterministic build gives the same dq bit
-for bit over three runs. Needs compute capability 9.x; skipped elsewhere with the reason.
+for bit over three runs. Every mix of the schedule switches (EARLY_P, EARLY_KV, DQ_FIRST: the same products, only
+the waits moved) matches the reference on causal, ring-wrapping and many-key-tile cases, in the bulk, deterministic
+and atomics builds, and gives the default schedule's gradients bit for bit (dk, dv always, dq in the deterministic
+build). Needs compute capability 9.x; skipped elsewhere with the reason.
 """
+
+import itertools
 
 import numpy as np
 import pytest
@@ -85,6 +90,65 @@ def test_atomic_build_matches_reference(hopper, poison, monkeypatch, case):
     monkeypatch.setattr(B, "DQ_BULK", 0)
     _check(hopper, case)
     _check(hopper, case, deterministic=True)
+
+
+SCHEDULES = [dict(zip(B.SCHEDULE_SWITCHES, mix)) for mix in itertools.product((0, 1), repeat=len(B.SCHEDULE_SWITCHES))
+             if any(mix)]
+# causal at d = 128; rows that see no key; the ring wrapping three times; nine key tiles adding into dQ
+SCHEDULE_CASES = [CASES[2], CASES[3], CASES[10], CASES[11]]
+
+
+def _schedule_id(schedule):
+    return "+".join(name.lower() for name, on in schedule.items() if on)
+
+
+def _set_schedule(monkeypatch, schedule):
+    for name, value in schedule.items():
+        monkeypatch.setattr(B, name, value)
+    assert B.schedule() == schedule
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+def test_schedule_builds_match_reference(hopper, poison, monkeypatch, schedule, case):
+    """Each schedule's build (launcher constants set as kernels.bench.torch_ops --bwd-schedules sets them), in the
+    bulk and the deterministic build: the float64 reference's gradients."""
+    _set_schedule(monkeypatch, schedule)
+    _check(hopper, case)
+    _check(hopper, case, deterministic=True)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[10]], ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+def test_schedule_atomic_builds_match_reference(hopper, poison, monkeypatch, schedule, case):
+    """The same with dQ added by atomics (-D DQ_BULK=0): under DQ_FIRST they run while dK, dV still do."""
+    _set_schedule(monkeypatch, schedule)
+    monkeypatch.setattr(B, "DQ_BULK", 0)
+    _check(hopper, case)
+    _check(hopper, case, deterministic=True)
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=_schedule_id)
+def test_schedule_builds_give_the_default_bits(hopper, poison, monkeypatch, schedule, case):
+    """A schedule moves waits, not arithmetic: the same wgmmas on the same operands, P^T and dS^T by the same
+    operations. So dk and dv equal the default build's bit for bit, and so does dq where its key-tile parts are added
+    in a fixed order (deterministic); the default's dq order varies from run to run otherwise."""
+    cp = hopper
+    Bn, H, Tq, Tk, d, causal, dtype, mag, scale = case
+    (q, k, v, do), _ = _problem(cp, Bn, H, Tq, Tk, d, dtype, mag, seed=Tq + Tk + d)
+    o, lse = A.forward(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+    def run(deterministic):
+        return B.backward(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic)
+
+    default = {det: run(det) for det in (False, True)}
+    _set_schedule(monkeypatch, schedule)
+    for det in (False, True):
+        for name, a, b in zip(("dq", "dk", "dv"), run(det), default[det]):
+            if name != "dq" or det:
+                assert bool((a.view(cp.int16) == b.view(cp.int16)).all()), \
+                    f"{name} (deterministic={det}) differs from the default schedule's"
 
 
 def test_lse_gradient_shifts_delta(hopper, poison):

@@ -3,7 +3,9 @@
 1. Attention backward, float16 (or --dtype bfloat16), B=4 H=32, T in TS, d in {64, 128}, causal and not: our
    flash2_mma_bwd (its three launches, outputs and workspace preallocated) and, on a Hopper, hopper_attn_bwd
    (`hopper`: its three launches with their allocations; with --dq-atomics also `hopper atomics`, its build that
-   adds dQ by atomics) against torch SDPA's flash and cuDNN backends, each timed
+   adds dQ by atomics; with --bwd-schedules also one row per mix of its schedule switches, `hopper early_p`,
+   `hopper early_kv+dq_first`, ...: hopper_attn_bwd.SCHEDULE_SWITCHES) against torch SDPA's flash and cuDNN
+   backends, each timed
    as torch.autograd.grad of an SDPA output computed under that backend (so only the backward runs), ours and the
    backends of one shape side by side in ROUNDS rounds (kernels.compare). TFLOP/s use the backward convention: 2.5 x
    the forward's 4 B H Tq Tk d (halved for causal). A backend that refuses is recorded with its reason.
@@ -26,11 +28,13 @@ Results go to results/bench-torch.json, numbers as numbers.
 
     python3 -m kernels.bench.torch_ops                   # T = 1024, 4096, 16384 (T = 16384 dominates the run)
     python3 -m kernels.bench.torch_ops --T 1024 4096     # a shorter run
+    python3 -m kernels.bench.torch_ops --parts backward --T 4096 16384 --bwd-schedules   # the schedules' A/B
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -57,18 +61,40 @@ def backward_flops(T: int, d: int, causal: bool) -> float:
     return f(B, H, T, T, d, causal)
 
 
-def _hopper_backward(args: tuple, causal: bool, dq_bulk: int) -> None:
-    """hopper_attn_bwd.backward with its dQ added by bulk reduce-adds (dq_bulk=1, the default build) or atomics."""
+def hopper_impls(dq_atomics: bool = False, bwd_schedules: bool = False) -> dict[str, dict]:
+    """{row name: the hopper_attn_bwd module constants that row's build sets}: `hopper` the default build, `hopper
+    atomics` (DQ_BULK = 0), and one row per non-default mix of the schedule switches, named after the switches on."""
     from ..hopper import hopper_attn_bwd
 
-    default, hopper_attn_bwd.DQ_BULK = hopper_attn_bwd.DQ_BULK, dq_bulk
+    impls = {"hopper": {}}
+    if dq_atomics:
+        impls["hopper atomics"] = {"DQ_BULK": 0}
+    if bwd_schedules:
+        names = hopper_attn_bwd.SCHEDULE_SWITCHES
+        for mix in itertools.product((0, 1), repeat=len(names)):
+            if any(mix):
+                label = "+".join(n.lower() for n, on in zip(names, mix) if on)
+                impls[f"hopper {label}"] = dict(zip(names, mix))
+    return impls
+
+
+def _hopper_backward(args: tuple, causal: bool, settings: dict) -> None:
+    """hopper_attn_bwd.backward with the module constants in `settings` (DQ_BULK, the schedule switches) set for the
+    call: its kernels() reads them per call and picks that build."""
+    from ..hopper import hopper_attn_bwd
+
+    defaults = {name: getattr(hopper_attn_bwd, name) for name in settings}
     try:
+        for name, value in settings.items():
+            setattr(hopper_attn_bwd, name, value)
         hopper_attn_bwd.backward(*args, causal=causal)
     finally:
-        hopper_attn_bwd.DQ_BULK = default
+        for name, value in defaults.items():
+            setattr(hopper_attn_bwd, name, value)
 
 
-def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = False) -> list[dict]:
+def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = False,
+                   bwd_schedules: bool = False) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -77,8 +103,8 @@ def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = 
     from ..flash import flash2_mma, flash2_mma_bwd
 
     hopper = device_compute_capability()[0] == 9  # the sm_90a backward runs on a Hopper only
-    hopper_impls = (("hopper", "hopper atomics") if dq_atomics else ("hopper",)) if hopper else ()
-    impls = ("ours", *hopper_impls, *SDPA_BACKENDS)
+    hoppers = hopper_impls(dq_atomics, bwd_schedules) if hopper else {}
+    impls = ("ours", *hoppers, *SDPA_BACKENDS)
     rows = []
     for T in Ts:
         for d in Ds:
@@ -98,9 +124,9 @@ def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = 
                     flash2_mma_bwd.backward(cq, ck, cv, o, lse, cdo, causal=causal, dq=dq, dk=dk, dv=dv, workspace=ws)
 
                 fns["ours"] = ours
-                for impl in hopper_impls:
-                    fns[impl] = (lambda bulk=int(impl == "hopper"):
-                                 _hopper_backward((cq, ck, cv, o, lse, cdo), causal, bulk))
+                for impl, settings in hoppers.items():
+                    fns[impl] = (lambda settings=settings:
+                                 _hopper_backward((cq, ck, cv, o, lse, cdo), causal, settings))
                 for name, backend in SDPA_BACKENDS.items():
                     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
                     try:
@@ -213,13 +239,14 @@ def bench_host() -> dict:
 
 
 def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
-        command: str | None = None, dtype: str = "float16", dq_atomics: bool = False) -> dict:
+        command: str | None = None, dtype: str = "float16", dq_atomics: bool = False,
+        bwd_schedules: bool = False) -> dict:
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": dtype, "backward_flops": "2.5 x forward",
               "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
-        result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype, dq_atomics)
+        result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype, dq_atomics, bwd_schedules)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -250,6 +277,9 @@ def main(argv=None) -> int:
                    help="of the backward part")
     p.add_argument("--dq-atomics", action="store_true",
                    help="on a Hopper, also the backward's build that adds dQ by atomics (-D DQ_BULK=0)")
+    p.add_argument("--bwd-schedules", action="store_true",
+                   help="on a Hopper, also the backward's builds of every mix of its schedule switches "
+                        "(-D EARLY_P, EARLY_KV, DQ_FIRST)")
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
@@ -259,7 +289,7 @@ def main(argv=None) -> int:
         return missing
     command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
     result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command,
-                 args.dtype, args.dq_atomics)
+                 args.dtype, args.dq_atomics, args.bwd_schedules)
     print(summary(result))
     return 0
 

@@ -17,10 +17,10 @@
 //      into one of two row buffers:
 //        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
 //        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
-//        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async; named barrier (both)  stash_ds
+//        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async                       stash_ds
 //        d. dV += P^T dO_m, dK += dS^T Q_m                  RS wgmma: A = registers (S's accumulator layout is
 //           the A layout), B = dO / Q N-major ("transposed")                                       accumulate
-//           dQ_part = dS K                                  SS wgmma, A = sdS M-major, B = sK N-major
+//           named barrier (both), dQ_part = dS K            SS wgmma, A = sdS M-major, B = sK N-major
 //           wait, release the ring slot
 //        e. dQ_part -> sdQ (float32, fragment order); one thread adds the tile into dQ_acc by one bulk reduce-add
 //           (-D DQ_BULK=0: float4 atomics per thread instead; -D DETERMINISTIC=1: key tiles in order n = 0, 1, ...
@@ -55,7 +55,9 @@
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 (1: a build of its own).
+//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P (b. once
+//   S^T alone has completed), EARLY_KV (dV, dK issued before d.'s barrier), DQ_FIRST (dQ_part waited for first, e.
+//   while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -92,6 +94,16 @@
 #endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
+#endif
+// The schedule of steps a. and d. (each 0 or 1, any combination; the results are the same bits, only waits move)
+#ifndef EARLY_P
+#define EARLY_P 0          // 1: P^T's exponentials once S^T alone has completed, dS^T once dP^T has too
+#endif
+#ifndef EARLY_KV
+#define EARLY_KV 0         // 1: dV, dK issued ahead of the dS barrier, dQ_part behind it in a commit group of its own
+#endif
+#ifndef DQ_FIRST
+#define DQ_FIRST 0         // 1: dQ_part waited for first and added while dK (and dV) still run
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
@@ -234,10 +246,21 @@ DEVICE void issue_scores(float (&acc)[T::S_ACC], u32 x_rows, u32 y_tile) {
     wgmma_commit();
 }
 
+// The rest of step b under EARLY_P: dS^T = P^T (dP^T - delta[q]), the same product as above (P^T = 0 where masked).
+template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[N], const float* delta, int t) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc_dp[4 * i + j] = acc_s[4 * i + j] * (acc_dp[4 * i + j] - (j % 2 ? dl.y : dl.x));
+    }
+}
+
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
 // dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or (causal) key > query + diag; a select,
 // not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
-template <bool MASK, int N>
+// SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
+template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
                           const Problem& pb, const int (&key)[2], int q0, int t) {
 #pragma unroll
@@ -255,16 +278,22 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
                     const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | ((pb.causal != 0) & (key[h] > q + pb.diag));
                     p = hidden ? 0.0f : p;
                 }
-                acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
+                if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
                 acc_s[idx] = p;
             }
         }
+    }
+    if constexpr (SPLIT) {
+        wgmma_wait<0>();
+        wgmma_pin(acc_dp);
+        ds_from_p(acc_s, acc_dp, delta, t);
     }
 }
 
 // Step c: P^T and dS^T to 16 bits (register j = values 2 j, 2 j + 1: the RS A-operand order, as to_p in
 // hopper_attn.cu), and dS^T into sdS, key row r = 64 c + 16 w + g (+ 8), query column 8 i + 2 t in 64-query half
-// i / 8, at chunk (i % 8) ^ (r % 8) of the swizzled row (r % 8 = g); then fenced for wgmma and both consumers wait.
+// i / 8, at chunk (i % 8) ^ (r % 8) of the swizzled row (r % 8 = g); then fenced for wgmma (accumulate's barrier
+// makes both warpgroups' stores complete before dQ_part reads them).
 template <int N, bool BF16>
 DEVICE void stash_ds(const float (&acc_s)[N], const float (&acc_dp)[N], u32 (&p)[N / 2], u32 (&ds)[N / 2], u32 sds,
                      int r0, int g, int t) {
@@ -282,37 +311,74 @@ DEVICE void stash_ds(const float (&acc_s)[N], const float (&acc_dp)[N], u32 (&p)
                           ds[2 * i + h]);
         }
     fence_async_shared();
-    named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
 }
 
-// Step d, one commit group, waited for: dV += P^T dO and dK += dS^T Q (A from registers, B N-major: k-step kk =
-// queries 16 kk .., rows 16 kk of the tile, 2048 bytes each; the next 64 columns one BLOCK_M-row half further), and
-// dQ_part = dS K over the CTA's 128 keys (A = sdS M-major, B = sK N-major, k-step kk = keys 16 kk ..).
+// Step d's products, each issued without a commit. dV += P^T dO or dK += dS^T Q: A from registers (issue_rs), B
+// N-major, k-step kk = queries 16 kk .., rows 16 kk of the tile, 2048 bytes each; the next 64 columns one BLOCK_M-row
+// half further. dQ_part = dS K over the CTA's 128 keys (issue_dq): A = sdS M-major, B = sK N-major, k-step kk = keys
+// 16 kk ..
+template <class T, bool BF16>
+DEVICE void issue_rs(float (&acc)[T::KV_ACC], const u32 (&a)[T::A_REGS], u32 tile) {
+#pragma unroll
+    for (int kk = 0; kk < T::BLOCK_M / WGMMA_K; ++kk) {
+        const u32 ak[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+        wgmma_rs<BF16>(acc, ak, mn_major_descriptor(tile + kk * WGMMA_K * SWIZZLE_BYTES, T::BLOCK_M * SWIZZLE_BYTES));
+    }
+}
+template <class T, bool BF16> DEVICE void issue_dq(float (&acc_dq)[T::DQ_ACC], u32 sds_c, u32 sk_c) {
+    constexpr u32 KEY_HALF = BLOCK_N * SWIZZLE_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / WGMMA_K; ++kk)
+        wgmma_ss<BF16, true, true>(acc_dq, mn_major_descriptor(sds_c + kk * WGMMA_K * SWIZZLE_BYTES, KEY_HALF),
+                                   mn_major_descriptor(sk_c + kk * WGMMA_K * SWIZZLE_BYTES, KEY_HALF), kk > 0);
+}
+
+// Step d: the dS barrier (both warpgroups' dS^T in sdS, for dQ_part) and the three products, in commit groups
+// (| a commit, B the barrier):           default  B dV dK dQ |             wait<0>
+//   EARLY_KV  dV dK | B dQ |        wait<0>       DQ_FIRST  B dQ | dV dK |  wait<1>
+//   both      dV | B dQ | dK |      wait<1>
+// dV and dK need only this warpgroup's registers and the ring slot, so EARLY_KV issues them before the barrier and
+// the tensor cores run them while the warpgroup waits there. DQ_FIRST returns once dQ_part has completed (wait<1>:
+// every group but the last one), and wait_grads waits for the rest after step e. p and ds stay pinned until the
+// wgmmas that read them have completed, and the ring slot is handed back only after that.
 template <class T, bool BF16>
 DEVICE void accumulate(float (&acc_dv)[T::KV_ACC], float (&acc_dk)[T::KV_ACC], float (&acc_dq)[T::DQ_ACC],
                        u32 (&p)[T::A_REGS], u32 (&ds)[T::A_REGS], u32 sq, u32 sdo, u32 sds_c, u32 sk_c) {
-    constexpr u32 TILE_HALF = T::BLOCK_M * SWIZZLE_BYTES, KEY_HALF = BLOCK_N * SWIZZLE_BYTES;
-    constexpr u32 STEP = WGMMA_K * SWIZZLE_BYTES;
+    if constexpr (EARLY_KV) {
+        wgmma_fence();
+        issue_rs<T, BF16>(acc_dv, p, sdo);
+        if constexpr (!DQ_FIRST) issue_rs<T, BF16>(acc_dk, ds, sq);
+        wgmma_commit();
+    }
+    named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < T::BLOCK_M / WGMMA_K; ++kk) {
-        const u32 pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        wgmma_rs<BF16>(acc_dv, pa, mn_major_descriptor(sdo + kk * STEP, TILE_HALF));
+    if constexpr (DQ_FIRST) {
+        issue_dq<T, BF16>(acc_dq, sds_c, sk_c);
+        wgmma_commit();
     }
-#pragma unroll
-    for (int kk = 0; kk < T::BLOCK_M / WGMMA_K; ++kk) {
-        const u32 da[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
-        wgmma_rs<BF16>(acc_dk, da, mn_major_descriptor(sq + kk * STEP, TILE_HALF));
-    }
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_N / WGMMA_K; ++kk)
-        wgmma_ss<BF16, true, true>(acc_dq, mn_major_descriptor(sds_c + kk * STEP, KEY_HALF),
-                                   mn_major_descriptor(sk_c + kk * STEP, KEY_HALF), kk > 0);
+    if constexpr (!EARLY_KV) issue_rs<T, BF16>(acc_dv, p, sdo);
+    if constexpr (!(EARLY_KV && !DQ_FIRST)) issue_rs<T, BF16>(acc_dk, ds, sq);
+    if constexpr (!DQ_FIRST) issue_dq<T, BF16>(acc_dq, sds_c, sk_c);
     wgmma_commit();
+    if constexpr (DQ_FIRST) {
+        wgmma_wait<1>();
+        wgmma_pin(acc_dq);
+    } else {
+        wgmma_wait<0>();
+        wgmma_pin(acc_dv);
+        wgmma_pin(acc_dk);
+        wgmma_pin(acc_dq);
+        wgmma_pin(p);
+        wgmma_pin(ds);
+    }
+}
+// DQ_FIRST: the wait for dK (and dV), after step e.
+template <class T>
+DEVICE void wait_grads(float (&acc_dv)[T::KV_ACC], float (&acc_dk)[T::KV_ACC], u32 (&p)[T::A_REGS],
+                       u32 (&ds)[T::A_REGS]) {
     wgmma_wait<0>();
     wgmma_pin(acc_dv);
     wgmma_pin(acc_dk);
-    wgmma_pin(acc_dq);
     wgmma_pin(p);
     wgmma_pin(ds);
 }
@@ -322,10 +388,10 @@ DEVICE void accumulate(float (&acc_dv)[T::KV_ACC], float (&acc_dk)[T::KV_ACC], f
 // (the postprocess puts rows and columns back). DQ_BULK: every consumer thread stores its float4s into the staging
 // tile sdQ (consecutive threads, consecutive 16 bytes: no bank conflicts), and the leader adds the whole tile with one
 // bulk reduce-add (the tile was free again once the leader's previous reduce had read it: bulk_wait_read before
-// stash_ds's barrier). Else each thread adds its float4s by atomics. IN_ORDER (DETERMINISTIC = 1): key tile n adds
-// only once turns[b h, m] == n (set by tile n - 1), then sets it to n + 1, so every element of dQ_acc receives its key
-// tiles' parts in the order n = 0, 1, ... and dQ is the same bit for bit. (The key tiles that meet query tile m are a
-// prefix n = 0 .. N_m: m_first grows with n.)
+// the dS barrier, which precedes e. in every schedule). Else each thread adds its float4s by atomics. IN_ORDER
+// (DETERMINISTIC = 1): key tile n adds only once turns[b h, m] == n (set by tile n - 1), then sets it to n + 1, so
+// every element of dQ_acc receives its key tiles' parts in the order n = 0, 1, ... and dQ is the same bit for bit.
+// (The key tiles that meet query tile m are a prefix n = 0 .. N_m: m_first grows with n.)
 template <class T, bool IN_ORDER>
 DEVICE void add_dq(const float (&acc_dq)[T::DQ_ACC], const Smem<T>& sm, float* dq_acc, int* turns, const Problem& pb,
                    int m, int c, bool leader) {
@@ -436,28 +502,32 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         float acc_s[T::S_ACC], acc_dp[T::S_ACC];
         issue_scores<T, BF16>(acc_s, sk_rows, sm.sQ(pos.s));
         issue_scores<T, BF16>(acc_dp, sv_rows, sm.sdO(pos.s));
-        wgmma_wait<0>();
+        wgmma_wait<EARLY_P ? 1 : 0>();  // EARLY_P: S^T alone
         wgmma_pin(acc_s);
-        wgmma_pin(acc_dp);
+        if constexpr (!EARLY_P) wgmma_pin(acc_dp);
         // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
         const float* rows = sm.rows(buf);
         const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
         if (mask)
-            probabilities<true>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+            probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
-            probabilities<false>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+            probabilities<false, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
         u32 p[T::A_REGS], ds[T::A_REGS];
-        if (more) store_row_value(sm, buf ^ 1, next_row_value);  // the next tile's rows, ahead of stash_ds's barrier
+        if (more) store_row_value(sm, buf ^ 1, next_row_value);  // the next tile's rows, ahead of d.'s dS barrier
         if (DQ_BULK && leader) bulk_wait_read<0>();  // the previous tile's reduce has read sdQ: it may be rewritten
         stash_ds<T::S_ACC, BF16>(acc_s, acc_dp, p, ds, sm.sdS(buf), r0, g, t);
         // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
         float acc_dq[T::DQ_ACC];
         accumulate<T, BF16>(acc_dv, acc_dk, acc_dq, p, ds, sm.sQ(pos.s), sm.sdO(pos.s), sm.sdS(buf) + ds_half, sk_dq);
+        if constexpr (DQ_FIRST) {  // e. while dK (and dV) still run; the slot only once they have completed
+            add_dq<T, IN_ORDER>(acc_dq, sm, dq_acc, turns, pb, m, c, leader);
+            wait_grads<T>(acc_dv, acc_dk, p, ds);
+        }
         if (lane == 0) mbar_arrive(smem_addr(&sm.q_empty[pos.s]));
         pos.advance();
         // ---- e. dQ_acc += dQ_part ----
-        add_dq<T, IN_ORDER>(acc_dq, sm, dq_acc, turns, pb, m, c, leader);
+        if constexpr (!DQ_FIRST) add_dq<T, IN_ORDER>(acc_dq, sm, dq_acc, turns, pb, m, c, leader);
     }
     if (DQ_BULK && leader) bulk_wait<0>();  // sdQ must outlive the last reduce's reads
     store_dk_dv<T, BF16>(acc_dk, acc_dv, dk, dv, pb, key, t);

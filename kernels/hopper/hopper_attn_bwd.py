@@ -41,12 +41,19 @@ CARVEOUT_MAX_SHARED = 100
 POST_BLOCK = 256
 POST_MAX_BLOCKS = 8192  # grid-stride loop beyond this
 DQ_BULK = 1  # dQ into its accumulator: 1 one bulk reduce-add per tile (-D DQ_BULK), 0 float4 atomics per thread
+# The schedule's switches (-D of the same names, 0 or 1 each, any mix; the gradients are the same bits): EARLY_P starts
+# P^T's exponentials once S^T alone has completed, EARLY_KV issues dV and dK before the dS barrier, DQ_FIRST waits for
+# dQ_part first and adds it while dK, dV still run. Read per call, like DQ_BULK; not measured yet (notes page).
+EARLY_P = 0
+EARLY_KV = 0
+DQ_FIRST = 0
+SCHEDULE_SWITCHES = ("EARLY_P", "EARLY_KV", "DQ_FIRST")
 
 DEFINES = defines_from(BLOCK_M_D64=BLOCK_M[64], BLOCK_M_D128=BLOCK_M[128], STAGES=STAGES, PRE_WARPS=PRE_WARPS)
 ORDER_DEFINES = {False: defines_from(DETERMINISTIC=0), True: defines_from(DETERMINISTIC=1)}
 # What tests/test_compile.py builds (for sm_80 .. sm_90, where the main kernels are stubs): the .cu defaults. The
-# deterministic build, its own -D, is compiled for sm_90a by tests/test_hopper_attn_bwd_compile.py.
-NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False] + defines_from(DQ_BULK=DQ_BULK))]
+# deterministic, atomics and schedule builds are compiled for sm_90a by tests/test_hopper_attn_bwd_compile.py.
+NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False] + defines_from(DQ_BULK=DQ_BULK, EARLY_P=0, EARLY_KV=0, DQ_FIRST=0))]
 
 DTYPES = ("float16", "bfloat16")
 DTYPE_SET = dtype_set(DTYPES)
@@ -82,13 +89,20 @@ def workspace_elements(B: int, H: int, Tq: int, d: int) -> int:
 _CHECKED: set = set()
 
 
+def schedule() -> dict:
+    """The schedule switches as this call's build takes them: {"EARLY_P": 0 or 1, "EARLY_KV": ..., "DQ_FIRST": ...}."""
+    return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
+
+
 def kernels(dtype: str, d: int, deterministic: bool, dev: int):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
-    count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS)."""
-    defines = DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK)  # DQ_BULK: read per call
+    count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
+    DQ_BULK and the schedule switches are read per call."""
+    switches = schedule()
+    defines = DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **switches)
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), DQ_BULK, dev)
+    key = (dtype, d, bool(deterministic), DQ_BULK, *switches.values(), dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
