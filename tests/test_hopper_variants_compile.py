@@ -7,7 +7,9 @@ setmaxnreg's budget assumes and no local memory; the build with every switch com
 too, and as stubs for sm_90. The launcher's constants agree with the kernel's. Then the tile walk: the kernel's
 key_tiles and the per-warpgroup FULL test of tile_softmax, written out in Python, visit exactly the key tiles that
 reference.variants.block_mask does not call EMPTY (at the CTA's rows) and run unmasked only tiles it calls FULL (at a
-warpgroup's 64 rows), and the producer's order of K and V loads is the order the consumers' loops take them in.
+warpgroup's 64 rows), and the producer's order of K and V loads is the order the consumers' loops take them in; and
+the consumers' arithmetic on those tiles (modifiers, mask only off FULL tiles, online softmax with lazy rescaling),
+emulated in float64, gives attention_variant's o and lse.
 """
 
 import inspect
@@ -56,6 +58,12 @@ def _check_cubin(tmp_path, data, overlap):
         assert len(rs) == copies * N // 16 and all(n == str(d) for n, *_ in rs), f"{name}: O += P V: {rs}"
         assert len(re.findall(r"\bUTMALDG\.3D\b", code)) == 3 * (d // 64), f"{name}: Q, K, V per 64 columns"
         assert not re.search(r"\b(?:LDL|STL)\b", code), f"{name}: local-memory loads/stores (spills)"
+    info = _per_function(_run(tool, "-elf", str(path)), r"^\.nv\.info\.(\w+)")
+    for name in NAMES:  # map_q, map_k, map_v by value; o, lse, 3 ints, a float; 4 pointers; 5 ints, 2 floats
+        params = [int(s, 16) for _, s in sorted(
+            (int(o, 16), s) for o, s in
+            re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name]))]
+        assert params == [128] * 3 + [8] * 2 + [4] * 4 + [8] * 4 + [4] * 7, f"{name}: {params}"
     usage = _run(tool, "-res-usage", str(path))
     found = re.findall(r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     assert {f[0] for f in found} == set(NAMES), usage
@@ -233,3 +241,87 @@ def test_a_window_touches_only_its_tiles():
     counts = [len(_key_tiles(m0, T, T, spec.left, spec.right, spec.prefix, t.block_m, t.block_n))
               for m0 in range(0, T, t.block_m)]
     assert max(counts) <= (1024 + t.block_m) // t.block_n + 1
+
+
+# ---- the consumers' arithmetic, emulated in float64 on the tiles they visit ------------------------------------------
+
+def _emulate(q, k, v, BM, BN, causal=False, window=None, prefix=None, doc_ids=None, slopes=None, softcap=None,
+             scale=None):
+    """One (batch entry, query head) of a variant kernel in NumPy: per CTA the key tiles of key_tiles, per warpgroup
+    tile_softmax (score_mods on every tile; variant_mask unless the tile is FULL for its 64 rows, where raw scores are
+    scaled in the exponent), the online softmax with lazy rescaling (slack 8, log2 units), o = O / l, lse."""
+    Tq, d = q.shape
+    Tk = k.shape[0]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    spec = F.variant_spec((1, 1, Tq, d), (1, 1, Tk, d), scale, causal=causal, window=window, prefix=prefix,
+                          softcap=softcap, docs=doc_ids is not None, alibi=slopes is not None)
+    diag, log2e = Tk - Tq, 1.0 / np.log(2.0)
+    classes = None if doc_ids is None else _doc_classes(doc_ids[0], doc_ids[1], BM, BN)
+    o, lse = np.zeros((Tq, d)), np.full(Tq, -np.inf)
+    for m0 in range(0, Tq, BM):
+        row_classes = None if classes is None else classes[m0 // BM]
+        tiles = _key_tiles(m0, Tq, Tk, spec.left, spec.right, spec.prefix, BM, BN, row_classes)
+        for first_row in range(m0, min(m0 + BM, Tq), 64):
+            rows = np.arange(first_row, first_row + 64)
+            m, l, acc = np.full(64, -np.inf), np.zeros(64), np.zeros((64, d))
+            for t in tiles:
+                cols = np.arange(t * BN, t * BN + BN)
+                s = np.zeros((64, BN))
+                ok_r, ok_c = rows < Tq, cols < Tk
+                s[np.ix_(ok_r, ok_c)] = q[rows[ok_r]] @ k[cols[ok_c]].T  # TMA zero-fills past the ends
+                full = _full(t, first_row, Tq, Tk, spec.left, spec.right, spec.prefix, BN, row_classes)
+                modded = softcap is not None or slopes is not None
+                if modded:
+                    s = spec.cap_out * np.tanh(s * spec.cap_in) if softcap is not None else s * scale * log2e
+                    if slopes is not None:
+                        s = s - slopes * log2e * np.abs(cols[None, :] - (rows[:, None] + diag))
+                if not full:
+                    c = rows[:, None] + diag
+                    seen = (cols[None, :] < Tk) & (((c - spec.left <= cols) & (cols <= c + spec.right))
+                                                   | (cols[None, :] < spec.prefix))
+                    if doc_ids is not None:
+                        seen &= doc_ids[0][np.minimum(rows, Tq - 1)][:, None] == doc_ids[1][np.minimum(cols, Tk - 1)]
+                    s = np.where(seen, s if modded else s * scale * log2e, -np.inf)
+                mul = 1.0 if (modded or not full) else scale * log2e
+                tile_max = (s * mul).max(axis=1)
+                m_new = np.maximum(m, tile_max)
+                m_new = np.where(m_new <= m + 8.0, m, m_new)
+                ref = np.where(np.isneginf(m_new), 0.0, m_new)
+                alpha = np.where(m_new == m, 1.0, np.exp2(m - ref))
+                p = np.exp2(s * mul - ref[:, None])
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * alpha[:, None] + p @ np.where((cols < Tk)[:, None], v[np.minimum(cols, Tk - 1)], 0.0)
+                m = m_new
+            keep = rows < Tq
+            with np.errstate(divide="ignore"):
+                o[rows[keep]] = np.where(l[keep, None] > 0, acc[keep] / np.where(l > 0, l, 1.0)[keep, None], 0.0)
+                lse[rows[keep]] = np.where(l[keep] > 0, (m[keep] + np.log2(l[keep])) / log2e, -np.inf)
+    return o, lse
+
+
+EMULATED = [  # (Tq, Tk, options): every branch of tile_softmax, with rows that see no key
+    (300, 300, dict(causal=True, window=(100, 0), softcap=20.0, alibi=True, docs=[1, 150, 49, 100])),
+    (257, 333, dict(window=(50, 50), softcap=30.0, alibi=True)),
+    (300, 100, dict(causal=True, window=(10, 0))),  # 200 rows see no key
+    (129, 400, dict(causal=True, prefix=100, scale=-0.3)),
+    (200, 200, dict(docs=[1, 1, 64, 1, 1, 70, 1, 61], alibi=True)),
+    (1, 500, dict(causal=True, window=(17, 0), softcap=5.0)),
+]
+
+
+@pytest.mark.parametrize("BM,BN", [(128, 128), (192, 128), (128, 176)])
+@pytest.mark.parametrize("Tq,Tk,options", EMULATED)
+def test_emulated_consumers_match_the_oracle(Tq, Tk, options, BM, BN):
+    rng = np.random.default_rng(Tq + Tk)
+    q, k, v = rng.standard_normal((Tq, 32)) * 3, rng.standard_normal((Tk, 32)) * 3, rng.standard_normal((Tk, 32))
+    options = dict(options)
+    docs, alibi = options.pop("docs", None), options.pop("alibi", False)
+    ids = None if docs is None else np.repeat(np.arange(len(docs)), docs)
+    slope = 0.3 if alibi else None
+    o, lse = _emulate(q, k, v, BM, BN, doc_ids=None if ids is None else (ids, ids), slopes=slope, **options)
+    o_ref, lse_ref = RV.attention_variant(q[None, None], k[None, None], v[None, None], return_lse=True,
+                                          doc_ids_q=ids, alibi_slopes=None if slope is None else [slope], **options)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref[0, 0]))
+    np.testing.assert_allclose(o, o_ref[0, 0], atol=1e-9)
+    fin = np.isfinite(lse)
+    np.testing.assert_allclose(lse[fin], lse_ref[0, 0][fin], atol=1e-9)
