@@ -23,6 +23,7 @@ from kernels import core
 from kernels.flash import flash2_mma as F
 from kernels.hopper import hopper_attn as A
 from test_flash2_variants_cpu import _doc_classes
+from test_flash2_variants_cpu import _key_tiles as _flash2_key_tiles
 from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
 
 ARCH = "sm_90a"
@@ -131,28 +132,11 @@ def test_problem_checks(d, tiles, match):
 # ---- the tile walk of the variant kernels against the reference's block mask ----------------------------------------
 
 def _key_tiles(m0, Tq, Tk, left, right, prefix, BM, BN, classes=None):
-    """hopper_attn.cu's key_tiles and KeyTiles.after, step for step: the key tiles of the CTA at m0, in order."""
-    c_first, c_last = m0 + Tk - Tq, min(m0 + BM, Tq) - 1 + Tk - Tq
-    lo, hi = max(0, c_first - left), min(Tk, c_last + right + 1)
-    pre_end = (min(prefix, Tk) + BN - 1) // BN
-    band_begin = max(lo // BN, pre_end)
-    band_end = (hi + BN - 1) // BN if hi > lo else 0
-    end = band_end if band_end > band_begin else pre_end
-
-    def after(t):
-        while True:
-            t = t + 1 if t + 1 < pre_end else max(t + 1, band_begin)
-            if classes is None or t >= end or classes[t] != RV.EMPTY:
-                return t
-
-    t = 0 if pre_end > 0 else band_begin
-    if classes is not None and t < end and classes[t] == RV.EMPTY:
-        t = after(t)
-    out = []
-    while t < end:
-        out.append(t)
-        t = after(t)
-    return out
+    """hopper_attn.cu's key_tiles and KeyTiles.after: the key tiles of the CTA at m0, in order. Its arithmetic is
+    flash2_mma.cu's at BLOCK_N keys a tile, on the CTA's first and last row, so flash2_mma's Python transcription
+    (tests/test_flash2_variants_cpu.py) serves for both."""
+    tiles = _flash2_key_tiles(m0, min(m0 + BM, Tq) - 1, Tk, Tk - Tq, left, right, prefix, BN, classes)
+    return [t for t, _ in tiles]
 
 
 def _full(t, first_row, Tq, Tk, left, right, prefix, BN, classes=None):
