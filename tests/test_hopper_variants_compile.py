@@ -139,6 +139,17 @@ def _key_tiles(m0, Tq, Tk, left, right, prefix, BM, BN, classes=None):
     return [t for t, _ in tiles]
 
 
+def _count(m0, Tq, Tk, left, right, prefix, BM, BN):
+    """key_tiles' n without documents: pre_end + max(0, end - band_begin)."""
+    c_first, c_last = m0 + Tk - Tq, min(m0 + BM, Tq) - 1 + Tk - Tq
+    lo, hi = max(0, c_first - left), min(Tk, c_last + right + 1)
+    pre_end = (min(prefix, Tk) + BN - 1) // BN
+    band_begin = max(lo // BN, pre_end)
+    band_end = (hi + BN - 1) // BN if hi > lo else 0
+    end = band_end if band_end > band_begin else pre_end
+    return pre_end + max(0, end - band_begin)
+
+
 def _full(t, first_row, Tq, Tk, left, right, prefix, BN, classes=None):
     """tile_softmax's test: key tile t runs without the mask for the warpgroup whose first row is first_row."""
     diag = Tk - Tq
@@ -149,14 +160,13 @@ def _full(t, first_row, Tq, Tk, left, right, prefix, BN, classes=None):
 
 
 def _producer_order(tiles):
-    """produce()'s variant loop: [("K" or "V", tile)], K of each tile before V of the one before."""
-    out, prev = [], None
-    for j in tiles + [None]:
-        if j is not None:
-            out.append(("K", j))
-        if prev is not None:
-            out.append(("V", prev))
-        prev = j
+    """produce()'s variant loop, i = 0 .. n: [("K" or "V", tile)], K of each tile before V of the one before."""
+    out, n = [], len(tiles)
+    for i in range(n + 1):
+        if i < n:
+            out.append(("K", tiles[i]))
+        if i > 0:
+            out.append(("V", tiles[i - 1]))
     return out
 
 
@@ -201,8 +211,9 @@ def test_key_tiles_visit_what_the_block_mask_sees(Tq, Tk, causal, window, prefix
         assert tiles == sorted(set(tiles)), "tiles out of order or twice"
         needed = [t for t in range(cta_kinds.shape[1]) if cta_kinds[qt, t] != RV.EMPTY]
         assert set(needed) <= set(tiles), f"query tile {qt}: tiles {sorted(set(needed) - set(tiles))} are skipped"
-        if ids_q is None:  # the arithmetic is exact: nothing more than the visible tiles
+        if ids_q is None:  # the arithmetic is exact: nothing more than the visible tiles, and n counts them
             assert tiles == needed, f"query tile {qt}: visits {tiles}, sees {needed}"
+            assert _count(qt * BM, Tq, Tk, spec.left, spec.right, spec.prefix, BM, BN) == len(tiles)
         else:  # no EMPTY class is visited
             assert all(row_classes[t] != RV.EMPTY for t in tiles)
         for cw in range(BM // 64):

@@ -214,12 +214,13 @@ template <int BLOCK_M, int BLOCK_N> DEVICE int kv_tiles(int m0, int Tq, int Tk, 
     return n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
 }
 
-// The key tiles of a dense build's work tile, in the order both sides walk them: 0 .. n - 1.
+// The key tiles of a dense build's work tile: n of them, 0 .. n - 1. The consumers walk any work tile's key tiles as
+// i = 0 .. n - 1, j = first(), after(j), ...: i counts, j is the tile (in a dense build the two agree, and the machine
+// code is the same as that of the plain loop over j before the variants).
 struct DenseTiles {
     int n;
     DEVICE int first() const { return 0; }
     DEVICE int after(int t) const { return t + 1; }
-    DEVICE bool more(int t) const { return t < n; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -248,14 +249,13 @@ struct VariantArgs {
                                  // log2 e
 };
 
-// The key tiles of a variant build's work tile, in order: the prefix's tiles [0, pre_end), then the band's
+// The key tiles of a variant build's work tile, n of them in order: the prefix's tiles [0, pre_end), then the band's
 // [band_begin, end), each once, EMPTY ones (MOD_DOCS) skipped. Producer and consumers both build it from the same
 // arguments (and read the same classes), so they walk the same tiles and the rings stay in step.
 template <int MODS> struct KeyTiles {
-    int start, pre_end, band_begin, end;
+    int n, start, pre_end, band_begin, end;
     const signed char* classes;  // this (batch entry, query tile)'s row of classes (MOD_DOCS)
     DEVICE int first() const { return start; }
-    DEVICE bool more(int t) const { return t < end; }
     DEVICE int after(int t) const {
         do t = t + 1 < pre_end ? t + 1 : max(t + 1, band_begin);
         while ((MODS & MOD_DOCS) != 0 && t < end && classes[t] == TILE_EMPTY);
@@ -276,16 +276,19 @@ DEVICE KeyTiles<MODS> key_tiles(int m0, int bh, int Tq, int Tk, const VariantArg
     const int band_end = hi > lo ? (hi + BN - 1) / BN : 0;
     kt.end = band_end > kt.band_begin ? band_end : kt.pre_end;
     kt.start = kt.pre_end > 0 ? 0 : kt.band_begin;
+    kt.n = kt.pre_end + max(0, kt.end - kt.band_begin);
     kt.classes = nullptr;
-    if constexpr ((MODS & MOD_DOCS) != 0) {
+    if constexpr ((MODS & MOD_DOCS) != 0) {  // count the tiles that are not EMPTY
         const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M, n_count = (Tk + BN - 1) / BN;
         kt.classes = va.classes + (static_cast<long long>(bh / va.Hq) * m_count + m0 / T::BLOCK_M) * n_count;
         if (kt.start < kt.end && kt.classes[kt.start] == TILE_EMPTY) kt.start = kt.after(kt.start);
+        kt.n = 0;
+        for (int t = kt.start; t < kt.end; t = kt.after(t)) ++kt.n;
     }
     return kt;
 }
 
-// The key tiles of the work tile (m0, bh), for the producer and the consumers alike.
+// The key tiles of the work tile (m0, bh), as the consumers walk them (the producer branches on MODS itself).
 template <class T, int MODS>
 DEVICE auto work_tiles(int m0, int bh, int Tq, int Tk, int causal, const VariantArgs& va) {
     if constexpr ((MODS & MOD_VARIANT) == 0)
@@ -680,6 +683,18 @@ DEVICE void load_kv(const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u6
     pos.advance();
 }
 
+// Q of the work tile (m0, bh) into sQ, once the consumers are done with the previous tile's (they release it after
+// its last S).
+template <class T>
+DEVICE void load_q(const Smem<T>& sm, const TensorMap& map_q, u32& q_phase, int m0, int bh) {
+    mbar_wait(smem_addr(sm.q_empty), q_phase ^ 1);
+    mbar_arrive_expect_tx(smem_addr(sm.q_full), T::Q_BYTES);
+#pragma unroll
+    for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
+        tma_load_3d(sm.sQ + h * T::BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh, smem_addr(sm.q_full));
+    q_phase ^= 1;
+}
+
 // For each work tile of the CTA: Q, once the consumers are done with the previous tile's (they release it after its
 // last S), then the K/V tiles in the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first
 // in iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}.
@@ -694,25 +709,21 @@ DEVICE void produce(const Smem<T>& sm, const Work<T>& work, const TensorMap& map
     for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
         int m0, bh;
         work.tile(w, m0, bh);
-        const auto kt = work_tiles<T, MODS>(m0, bh, Tq, Tk, causal, va);
-        if (!kt.more(kt.first())) continue;   // no row of the tile sees a key: the consumers write zeros
-        mbar_wait(smem_addr(sm.q_empty), q_phase ^ 1);
-        mbar_arrive_expect_tx(smem_addr(sm.q_full), T::Q_BYTES);
-#pragma unroll
-        for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
-            tma_load_3d(sm.sQ + h * T::BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
-                        smem_addr(sm.q_full));
-        q_phase ^= 1;
         if constexpr ((MODS & MOD_VARIANT) == 0) {
-            for (int j = 0; j <= kt.n; ++j) {
-                if (j < kt.n) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
+            const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
+            if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
+            load_q(sm, map_q, q_phase, m0, bh);
+            for (int j = 0; j <= n_tiles; ++j) {
+                if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
                 if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, bh);
             }
-        } else {                              // kt's tiles, K of each before V of the one before; kv head bh / group
-            for (int j = kt.first(), prev = -1;; prev = j, j = kt.after(j)) {
-                if (kt.more(j)) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh / va.group);
-                if (prev >= 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), prev, bh / va.group);
-                if (!kt.more(j)) break;
+        } else {                                  // the same over key_tiles' tiles j, from kv head bh / group
+            const KeyTiles<MODS> kt = key_tiles<T, MODS>(m0, bh, Tq, Tk, va);
+            if (kt.n == 0) continue;
+            load_q(sm, map_q, q_phase, m0, bh);
+            for (int i = 0, j = kt.first(), prev = 0; i <= kt.n; ++i, prev = j, j = kt.after(j)) {
+                if (i < kt.n) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh / va.group);
+                if (i > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), prev, bh / va.group);
             }
         }
     }
@@ -764,14 +775,14 @@ template <class T, bool BF16, class Tiles, class Rows>
 DEVICE void attend_plain(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32 (&p)[T::P_REGS], float (&alpha)[2],
                          float (&acc_o)[T::O_ACC], float (&row_max)[2], float (&row_sum)[2], const RowInfo& r,
                          const Tiles& kt, const Rows& rows) {
-    for (int j = kt.first(); kt.more(j); j = kt.after(j)) {
+    for (int i = 0, j = kt.first(); i < kt.n; ++i, j = kt.after(j)) {
         c.scores(acc_s);                               // S_j = Q K_j^T
         tile_softmax(acc_s, row_max, row_sum, alpha, r, kt, rows, j);
         rescale(acc_o, alpha);
         to_p<BF16>(acc_s, p);
         c.accumulate(acc_o, p);                        // O += P_j V_j
     }
-    if (kt.more(kt.first())) c.release(c.sm.q_empty, 0);
+    if (kt.n > 0) c.release(c.sm.q_empty, 0);
 }
 
 // The pipelined loop (OVERLAP = 1, at least one tile), software pipelining inside the warpgroup: while the tensor
@@ -784,7 +795,7 @@ DEVICE void attend_pipelined(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32
     c.scores(acc_s);
     tile_softmax(acc_s, row_max, row_sum, alpha, r, kt, rows, kt.first());   // alpha = 0: O is still 0
     to_p<BF16>(acc_s, p);
-    for (int j = kt.after(kt.first()); kt.more(j); j = kt.after(j)) {
+    for (int i = 1, j = kt.after(kt.first()); i < kt.n; ++i, j = kt.after(j)) {
         mbar_wait(smem_addr(&c.sm.k_full[c.kpos.s]), c.kpos.phase);   // K_j
         mbar_wait(smem_addr(&c.sm.v_full[c.vpos.s]), c.vpos.phase);   // V_{j-1}
         c.turns.begin();
@@ -859,11 +870,11 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
         float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
         u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
         float alpha[2];                                // (declared here, not in attend_*: the same register use)
-        if (kt.more(kt.first())) {
+        if (kt.n > 0) {
             mbar_wait(smem_addr(sm.q_full), q_phase);
             q_phase ^= 1;
         }
-        if (OVERLAP && kt.more(kt.first()))
+        if (OVERLAP && kt.n > 0)
             attend_pipelined(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, kt, rows);
         else
             attend_plain(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, kt, rows);
