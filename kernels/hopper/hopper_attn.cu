@@ -6,7 +6,10 @@
 //   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64 or 128, float16 or bfloat16.
 //   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
 //   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu; the engines of hopper_gemm.cu (TMA rings, a producer
-//   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own.
+//   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own. Variant builds (-D
+//   VARIANT_MODS) compute reference/variants.py's attention_variant: k, v with Hkv = H / group heads (query head h
+//   reads kv head h / group), a band c - left <= j <= c + right (c = i + Tk - Tq; causal: right = 0), a prefix,
+//   document ids, tanh soft-capping and ALiBi (the sum of MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI says which code is built).
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
 // c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent")
@@ -34,9 +37,10 @@
 //     Turns below), so one warpgroup's products run while the others compute their softmax.
 //   n_tiles = ceil(n_end / BLOCK_N), n_end = Tk or, under the causal mask, the first key no row of the CTA sees
 //   (kv_tiles, which producer and consumers share). Tiles wholly above the diagonal are never loaded; n_tiles = 0
-//   (Tq > Tk, causal) skips Q too, and the consumers write o = 0, lse = -inf. mbarriers (as in hopper_gemm.cu): the
-//   *_full ones expect 1 arrival + the tile's bytes, the *_empty ones one arrival per consumer warp; each side keeps a
-//   (slot, phase) per ring, running on from one work tile to the next.
+//   (Tq > Tk, causal) skips Q too, and the consumers write o = 0, lse = -inf. Variant builds walk key_tiles instead
+//   (prefix tiles, then the band's, EMPTY document tiles skipped); a tile FULL for a warpgroup's rows runs unmasked.
+//   mbarriers (as in hopper_gemm.cu): the *_full ones expect 1 arrival + the tile's bytes, the *_empty ones one
+//   arrival per consumer warp; each side keeps a (slot, phase) per ring, running on from one work tile to the next.
 //
 // Shared memory (dynamic, aligned up to 1024 bytes)
 //   [sQ: BLOCK_M x D][slot 0: sK BLOCK_N x D, sV BLOCK_N x D][slot 1 ...] ... STAGES slots, 16-bit elements, every
@@ -64,6 +68,10 @@
 //   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) 16-bit tensors (innermost first), boxes of 64 columns
 //   x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D), the inputs' type. lse: (B, H,
 //   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1.
+// Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
+//   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
+//   left, int right, int prefix, float cap_in, float cap_out): map_k, map_v over B * Hkv; nullptr for arrays a build
+//   does not read; classes from flash2_mma.cu's flash2_mma_doc_classes with br = BLOCK_M, bc = BLOCK_N (VariantArgs).
 //
 // Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
 // kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
@@ -206,6 +214,89 @@ template <int BLOCK_M, int BLOCK_N> DEVICE int kv_tiles(int m0, int Tq, int Tk, 
     return n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
 }
 
+// The key tiles of a dense build's work tile: n of them, 0 .. n - 1. The consumers walk any work tile's key tiles as
+// i = 0 .. n - 1, j = first(), after(j), ...: i counts, j is the tile (in a dense build the two agree, and the machine
+// code is the same as that of the plain loop over j before the variants).
+struct DenseTiles {
+    int n;
+    DEVICE int first() const { return 0; }
+    DEVICE int after(int t) const { return t + 1; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The variants (-D VARIANT_MODS: the hopper_attn_variants_* entry points). MODS, a sum of the MOD_ flags, says which
+// code a build has; the dense entry points pass 0, so none of it is compiled into them. Query i sits at c = i + Tk - Tq
+// among the keys and sees key j < Tk when (c - left <= j <= c + right or j < prefix) and, with MOD_DOCS, doc_q[i] ==
+// doc_k[j] (causal is right = 0; an unbounded side is Tq + Tk, which no position reaches). Each (query tile, key
+// tile) is EMPTY (never loaded), FULL (no mask code) or PARTIAL, as in reference/variants.py.
+// ---------------------------------------------------------------------------------------------
+enum : int {
+    MOD_DOCS = 1,     // document ids, and a class per (query tile, key tile) to skip EMPTY ones by
+    MOD_SOFTCAP = 2,  // tanh soft-capping of the scaled scores
+    MOD_ALIBI = 4,    // ALiBi: minus slope_h |j - c_i|
+    MOD_VARIANT = 8,  // set by the variant entry points: the band, the prefix and grouped heads
+};
+enum : int { TILE_EMPTY = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };
+
+// The variant kernels' arguments (see the header's "Kernels"), as the entry points receive them.
+struct VariantArgs {
+    const int* doc_q;            // (B, Tq) and (B, Tk) int32 document ids (MOD_DOCS)
+    const int* doc_k;
+    const signed char* classes;  // (B, ceil(Tq / BLOCK_M), ceil(Tk / BLOCK_N)) int8 tile classes (MOD_DOCS)
+    const float* slopes;         // (Hq,) float32 ALiBi slopes (MOD_ALIBI)
+    int Hq, group, left, right, prefix;
+    float cap_in, cap_out;       // softcap: s' = cap_out tanh(s cap_in); cap_in = scale / softcap, cap_out = softcap
+                                 // log2 e
+};
+
+// The key tiles of a variant build's work tile, n of them in order: the prefix's tiles [0, pre_end), then the band's
+// [band_begin, end), each once, EMPTY ones (MOD_DOCS) skipped. Producer and consumers both build it from the same
+// arguments (and read the same classes), so they walk the same tiles and the rings stay in step.
+template <int MODS> struct KeyTiles {
+    int n, start, pre_end, band_begin, end;
+    const signed char* classes;  // this (batch entry, query tile)'s row of classes (MOD_DOCS)
+    DEVICE int first() const { return start; }
+    DEVICE int after(int t) const {
+        do t = t + 1 < pre_end ? t + 1 : max(t + 1, band_begin);
+        while ((MODS & MOD_DOCS) != 0 && t < end && classes[t] == TILE_EMPTY);
+        return t;
+    }
+};
+
+// The key tiles of the CTA whose rows are m0 .. min(m0 + BLOCK_M, Tq) - 1, at positions c_first .. c_last: arithmetic
+// on the tile bounds. The band's keys are [c_first - left, c_last + right] within [0, Tk); the prefix's [0, prefix).
+template <class T, int MODS>
+DEVICE KeyTiles<MODS> key_tiles(int m0, int bh, int Tq, int Tk, const VariantArgs& va) {
+    constexpr int BN = T::BLOCK_N;
+    KeyTiles<MODS> kt;
+    const int c_first = m0 + Tk - Tq, c_last = min(m0 + T::BLOCK_M, Tq) - 1 + Tk - Tq;
+    const int lo = max(0, c_first - va.left), hi = min(Tk, c_last + va.right + 1);  // band keys [lo, hi)
+    kt.pre_end = (min(va.prefix, Tk) + BN - 1) / BN;
+    kt.band_begin = max(lo / BN, kt.pre_end);
+    const int band_end = hi > lo ? (hi + BN - 1) / BN : 0;
+    kt.end = band_end > kt.band_begin ? band_end : kt.pre_end;
+    kt.start = kt.pre_end > 0 ? 0 : kt.band_begin;
+    kt.n = kt.pre_end + max(0, kt.end - kt.band_begin);
+    kt.classes = nullptr;
+    if constexpr ((MODS & MOD_DOCS) != 0) {  // count the tiles that are not EMPTY
+        const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M, n_count = (Tk + BN - 1) / BN;
+        kt.classes = va.classes + (static_cast<long long>(bh / va.Hq) * m_count + m0 / T::BLOCK_M) * n_count;
+        if (kt.start < kt.end && kt.classes[kt.start] == TILE_EMPTY) kt.start = kt.after(kt.start);
+        kt.n = 0;
+        for (int t = kt.start; t < kt.end; t = kt.after(t)) ++kt.n;
+    }
+    return kt;
+}
+
+// The key tiles of the work tile (m0, bh), as the consumers walk them (the producer branches on MODS itself).
+template <class T, int MODS>
+DEVICE auto work_tiles(int m0, int bh, int Tq, int Tk, int causal, const VariantArgs& va) {
+    if constexpr ((MODS & MOD_VARIANT) == 0)
+        return DenseTiles{kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal)};
+    else
+        return key_tiles<T, MODS>(m0, bh, Tq, Tk, va);
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---------------------------------------------------------------------------------------------
 // The consumer's steps, each on one warpgroup's 64 query rows (T = Shape<D>)
@@ -299,6 +390,24 @@ DEVICE void exponentiate(float (&acc_s)[N], float (&row_sum)[2], const float (&r
     }
 }
 
+// The online softmax's update from a tile's row maxima (this thread's, in log2 units): m' (kept under lazy
+// rescaling), alpha = exp2(m - m'), l scaled by alpha, then p = 2^(mul acc_s - m') in place (see online_softmax).
+template <int N>
+DEVICE void softmax_update(float (&acc_s)[N], const float (&tile_max)[2], float (&row_max)[2], float (&row_sum)[2],
+                           float (&alpha)[2], float mul) {
+    float ref[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float m_new = fmaxf(row_max[h], quad_max(tile_max[h]));
+        if (LAZY_RESCALE && m_new <= row_max[h] + RESCALE_SLACK) m_new = row_max[h];
+        ref[h] = m_new == NEG_INF ? 0.0f : m_new;    // a row with no visible key yet: p = 0, not NaN
+        alpha[h] = m_new == row_max[h] ? 1.0f : exp2_ftz(row_max[h] - ref[h]);  // 0 when leaving row_max = -inf
+        row_max[h] = m_new;
+        row_sum[h] *= alpha[h];
+    }
+    exponentiate(acc_s, row_sum, ref, mul);
+}
+
 // One tile of the online softmax, in place: S (float32 scores of keys n0 .. n0 + BLOCK_N - 1) becomes p = exp2(x - m)
 // with x = scale log2(e) S, masked entries giving 0; row_max (m) and this thread's partial row_sum (l) are brought up
 // to date; alpha = exp2(m_old - m) is returned for O, which the caller rescales. Per row, in log2 units:
@@ -339,17 +448,142 @@ DEVICE void online_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_s
         tile_max[0] = ext[0] * r.scale_log2;
         tile_max[1] = ext[1] * r.scale_log2;
     }
-    float ref[2];
+    softmax_update(acc_s, tile_max, row_max, row_sum, alpha, mask ? 1.0f : r.scale_log2);
+}
+
+// A dense build's rows need nothing besides RowInfo.
+struct NoRows {};
+
+// What a consumer thread of a variant build knows about its rows, per work tile.
+struct VariantRows {
+    int left, right, prefix;  // VariantArgs'
+    float cap_in, cap_out;
+    const int* doc_k;         // this batch entry's key ids (MOD_DOCS)
+    int doc[2];               // the document ids of the thread's two rows (MOD_DOCS)
+    float slope;              // the query head's ALiBi slope times log2 e (MOD_ALIBI)
+    int band_from, band_to;   // every row of the warpgroup sees the keys in [band_from, band_to] (and the prefix)
+};
+
+template <int MODS>
+DEVICE VariantRows variant_rows(const RowInfo& r, int bh, int Tq, const VariantArgs& va) {
+    VariantRows v;
+    v.left = va.left;
+    v.right = va.right;
+    v.prefix = va.prefix;
+    v.cap_in = va.cap_in;
+    v.cap_out = va.cap_out;
+    const int b = bh / va.Hq;
+    v.doc_k = nullptr;
+    v.doc[0] = v.doc[1] = 0;
+    if constexpr ((MODS & MOD_DOCS) != 0) {
+        v.doc_k = va.doc_k + static_cast<long long>(b) * r.Tk;
+        for (int h = 0; h < 2; ++h) v.doc[h] = __ldg(va.doc_q + static_cast<long long>(b) * Tq + min(r.row[h], Tq - 1));
+    }
+    v.slope = 0.0f;
+    if constexpr ((MODS & MOD_ALIBI) != 0) v.slope = __ldg(va.slopes + bh % va.Hq) * (1.0f / LN2);
+    v.band_from = r.first_row + WGMMA_M - 1 + r.diag - va.left;   // the warpgroup's last row's first key
+    v.band_to = r.first_row + r.diag + va.right;                  // its first row's last key
+    return v;
+}
+
+// The consumer's row data of a work tile: none in a dense build.
+template <int MODS> DEVICE auto consumer_rows(const RowInfo& r, int bh, int Tq, const VariantArgs& va) {
+    if constexpr ((MODS & MOD_VARIANT) == 0)
+        return NoRows{};
+    else
+        return variant_rows<MODS>(r, bh, Tq, va);
+}
+
+// tanh(x) = 1 - 2 / (e^2x + 1) with ex2.approx and a fast reciprocal: an absolute error near 1e-7, where tanh.approx's
+// relative 2^-11, times a softcap of 30, would move a logit by 0.015; +-1 for large |x| (e^2x = inf or 0).
+DEVICE float tanh_exp2(float x) {
+    return 1.0f - __fdividef(2.0f, exp2_ftz(x * (2.0f / LN2)) + 1.0f);
+}
+
+// The score modifiers on one tile of S (raw q.k), in place: each score becomes its logit in log2 units, scale ->
+// softcap -> ALiBi as in reference/variants.py, so the softmax that follows takes a scale of 1.
+template <int MODS, int N>
+DEVICE void score_mods(float (&acc_s)[N], const RowInfo& r, const VariantRows& v, int n0) {
+    float rel0[2];                                   // j - c_i of the thread's first key of the tile (exact < 2^24)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rel0[h] = static_cast<float>(n0 + 2 * r.t - r.row[h] - r.diag);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float x = acc_s[4 * i + 2 * h + e];
+                if constexpr ((MODS & MOD_SOFTCAP) != 0)
+                    x = v.cap_out * tanh_exp2(x * v.cap_in);
+                else
+                    x *= r.scale_log2;
+                if constexpr ((MODS & MOD_ALIBI) != 0)
+                    x = fmaf(-v.slope, fabsf(rel0[h] + static_cast<float>(8 * i + e)), x);
+                acc_s[4 * i + 2 * h + e] = x;
+            }
+}
+
+// The mask of a PARTIAL tile, in place (scaled to log2 units first when SCALE): -inf where the row does not see the
+// key: key >= Tk, outside the row's band and the prefix, or (MOD_DOCS) of another document. Each key's id is read once
+// for both rows (L1 hits after the first warp).
+template <int MODS, bool SCALE, int N>
+DEVICE void variant_mask(float (&acc_s)[N], const RowInfo& r, const VariantRows& v, int n0) {
+    int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float m_new = fmaxf(row_max[h], quad_max(tile_max[h]));
-        if (LAZY_RESCALE && m_new <= row_max[h] + RESCALE_SLACK) m_new = row_max[h];
-        ref[h] = m_new == NEG_INF ? 0.0f : m_new;    // a row with no visible key yet: p = 0, not NaN
-        alpha[h] = m_new == row_max[h] ? 1.0f : exp2_ftz(row_max[h] - ref[h]);  // 0 when leaving row_max = -inf
-        row_max[h] = m_new;
-        row_sum[h] *= alpha[h];
+        lo[h] = r.row[h] + r.diag - v.left;
+        hi[h] = r.row[h] + r.diag + v.right;
     }
-    exponentiate(acc_s, row_sum, ref, mask ? 1.0f : r.scale_log2);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = n0 + 8 * i + 2 * r.t + e;
+            int key_doc = 0;
+            if constexpr ((MODS & MOD_DOCS) != 0) key_doc = __ldg(v.doc_k + min(col, r.Tk - 1));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                bool seen = col < r.Tk && ((lo[h] <= col && col <= hi[h]) || col < v.prefix);
+                if constexpr ((MODS & MOD_DOCS) != 0) seen = seen && key_doc == v.doc[h];
+                const float x = SCALE ? acc_s[4 * i + 2 * h + e] * r.scale_log2 : acc_s[4 * i + 2 * h + e];
+                acc_s[4 * i + 2 * h + e] = seen ? x : NEG_INF;
+            }
+        }
+}
+
+// One tile of the online softmax in a dense build: online_softmax, masked where the tile reaches the edge or diagonal.
+template <int N>
+DEVICE void tile_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
+                         const RowInfo& r, const DenseTiles&, const NoRows&, int t) {
+    online_softmax(acc_s, row_max, row_sum, alpha, r, t * 2 * N);
+}
+
+// One tile of the online softmax in a variant build: the score modifiers, the mask on a tile that is not FULL for
+// this warpgroup's rows (keys < Tk, each in the prefix or in the band of every row, and, with MOD_DOCS, a FULL class),
+// then the same update as online_softmax. Without modifiers a FULL tile keeps its raw scores (the scale folded into
+// the exponent, as online_softmax does).
+template <int N, int MODS>
+DEVICE void tile_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
+                         const RowInfo& r, const KeyTiles<MODS>& kt, const VariantRows& v, int t) {
+    constexpr bool MODDED = (MODS & (MOD_SOFTCAP | MOD_ALIBI)) != 0;
+    const int n0 = t * 2 * N, n1 = n0 + 2 * N - 1;
+    bool full = n1 < r.Tk && (n1 < v.prefix || (v.band_from <= max(n0, v.prefix) && n1 <= v.band_to));
+    if constexpr ((MODS & MOD_DOCS) != 0) full = full && kt.classes[t] == TILE_FULL;
+    if constexpr (MODDED) score_mods<MODS>(acc_s, r, v, n0);
+    if (!full) variant_mask<MODS, !MODDED>(acc_s, r, v, n0);
+    const bool scaled = MODDED || !full;             // the scores are logits in log2 units already
+    float ext[2];
+    if (scaled || r.scale_log2 >= 0.0f) {
+        ext[0] = ext[1] = NEG_INF;
+        raw_extreme<true>(acc_s, ext);
+    } else {                                         // raw scores and scale < 0: the smallest is the largest logit
+        ext[0] = ext[1] = -NEG_INF;
+        raw_extreme<false>(acc_s, ext);
+    }
+    const float mul = scaled ? 1.0f : r.scale_log2;
+    const float tile_max[2] = {ext[0] * mul, ext[1] * mul};
+    softmax_update(acc_s, tile_max, row_max, row_sum, alpha, mul);
 }
 
 // p (float32, S's accumulator order) -> P as 16-bit pairs in the register-A order of O += P V.
@@ -449,12 +683,24 @@ DEVICE void load_kv(const TensorMap& map, RingPos<T::STAGES>& pos, u64* full, u6
     pos.advance();
 }
 
+// Q of the work tile (m0, bh) into sQ, once the consumers are done with the previous tile's (they release it after
+// its last S).
+template <class T>
+DEVICE void load_q(const Smem<T>& sm, const TensorMap& map_q, u32& q_phase, int m0, int bh) {
+    mbar_wait(smem_addr(sm.q_empty), q_phase ^ 1);
+    mbar_arrive_expect_tx(smem_addr(sm.q_full), T::Q_BYTES);
+#pragma unroll
+    for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
+        tma_load_3d(sm.sQ + h * T::BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh, smem_addr(sm.q_full));
+    q_phase ^= 1;
+}
+
 // For each work tile of the CTA: Q, once the consumers are done with the previous tile's (they release it after its
 // last S), then the K/V tiles in the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first
 // in iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}.
-template <class T>
+template <class T, int MODS>
 DEVICE void produce(const Smem<T>& sm, const Work<T>& work, const TensorMap& map_q, const TensorMap& map_k,
-                    const TensorMap& map_v, int Tq, int Tk, int causal) {
+                    const TensorMap& map_v, int Tq, int Tk, int causal, const VariantArgs& va) {
     prefetch_tensor_map(map_q);
     prefetch_tensor_map(map_k);
     prefetch_tensor_map(map_v);
@@ -463,18 +709,22 @@ DEVICE void produce(const Smem<T>& sm, const Work<T>& work, const TensorMap& map
     for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
         int m0, bh;
         work.tile(w, m0, bh);
-        const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
-        if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
-        mbar_wait(smem_addr(sm.q_empty), q_phase ^ 1);
-        mbar_arrive_expect_tx(smem_addr(sm.q_full), T::Q_BYTES);
-#pragma unroll
-        for (int h = 0; h < T::HALVES; ++h)   // half h: columns 64 h .. 64 h + 63, rows m0 .. m0 + BLOCK_M - 1
-            tma_load_3d(sm.sQ + h * T::BLOCK_M * SWIZZLE_BYTES, map_q, h * SWIZZLE_ELEMS, m0, bh,
-                        smem_addr(sm.q_full));
-        q_phase ^= 1;
-        for (int j = 0; j <= n_tiles; ++j) {
-            if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
-            if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, bh);
+        if constexpr ((MODS & MOD_VARIANT) == 0) {
+            const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
+            if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
+            load_q(sm, map_q, q_phase, m0, bh);
+            for (int j = 0; j <= n_tiles; ++j) {
+                if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
+                if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, bh);
+            }
+        } else {                                  // the same over key_tiles' tiles j, from kv head bh / group
+            const KeyTiles<MODS> kt = key_tiles<T, MODS>(m0, bh, Tq, Tk, va);
+            if (kt.n == 0) continue;
+            load_q(sm, map_q, q_phase, m0, bh);
+            for (int i = 0, j = kt.first(), prev = 0; i <= kt.n; ++i, prev = j, j = kt.after(j)) {
+                if (i < kt.n) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh / va.group);
+                if (i > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), prev, bh / va.group);
+            }
         }
     }
 }
@@ -519,32 +769,33 @@ template <class T, bool BF16> struct Consumer {
     }
 };
 
-// The plain loop (OVERLAP = 0) over one work tile's K/V tiles: each step waits for the one before it.
-template <class T, bool BF16>
+// The plain loop (OVERLAP = 0) over one work tile's K/V tiles (kt: DenseTiles or KeyTiles, rows: NoRows or
+// VariantRows): each step waits for the one before it.
+template <class T, bool BF16, class Tiles, class Rows>
 DEVICE void attend_plain(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32 (&p)[T::P_REGS], float (&alpha)[2],
                          float (&acc_o)[T::O_ACC], float (&row_max)[2], float (&row_sum)[2], const RowInfo& r,
-                         int n_tiles) {
-    for (int j = 0; j < n_tiles; ++j) {
+                         const Tiles& kt, const Rows& rows) {
+    for (int i = 0, j = kt.first(); i < kt.n; ++i, j = kt.after(j)) {
         c.scores(acc_s);                               // S_j = Q K_j^T
-        online_softmax(acc_s, row_max, row_sum, alpha, r, j * T::BLOCK_N);
+        tile_softmax(acc_s, row_max, row_sum, alpha, r, kt, rows, j);
         rescale(acc_o, alpha);
         to_p<BF16>(acc_s, p);
         c.accumulate(acc_o, p);                        // O += P_j V_j
     }
-    if (n_tiles > 0) c.release(c.sm.q_empty, 0);
+    if (kt.n > 0) c.release(c.sm.q_empty, 0);
 }
 
-// The pipelined loop (OVERLAP = 1, n_tiles >= 1), software pipelining inside the warpgroup: while the tensor cores
-// compute O += P_{j-1} V_{j-1}, the warpgroup runs the softmax of S_j. K/V tile 0 only fills the pipeline: S_0 and its
-// softmax.
-template <class T, bool BF16>
+// The pipelined loop (OVERLAP = 1, at least one tile), software pipelining inside the warpgroup: while the tensor
+// cores compute O += P_{j-1} V_{j-1}, the warpgroup runs the softmax of S_j (j: the tiles of kt in turn, j - 1 the one
+// before). The first K/V tile only fills the pipeline: its S and softmax.
+template <class T, bool BF16, class Tiles, class Rows>
 DEVICE void attend_pipelined(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32 (&p)[T::P_REGS],
                              float (&alpha)[2], float (&acc_o)[T::O_ACC], float (&row_max)[2], float (&row_sum)[2],
-                             const RowInfo& r, int n_tiles) {
+                             const RowInfo& r, const Tiles& kt, const Rows& rows) {
     c.scores(acc_s);
-    online_softmax(acc_s, row_max, row_sum, alpha, r, 0);   // alpha = 0: O is still 0
+    tile_softmax(acc_s, row_max, row_sum, alpha, r, kt, rows, kt.first());   // alpha = 0: O is still 0
     to_p<BF16>(acc_s, p);
-    for (int j = 1; j < n_tiles; ++j) {
+    for (int i = 1, j = kt.after(kt.first()); i < kt.n; ++i, j = kt.after(j)) {
         mbar_wait(smem_addr(&c.sm.k_full[c.kpos.s]), c.kpos.phase);   // K_j
         mbar_wait(smem_addr(&c.sm.v_full[c.vpos.s]), c.vpos.phase);   // V_{j-1}
         c.turns.begin();
@@ -555,7 +806,7 @@ DEVICE void attend_pipelined(Consumer<T, BF16>& c, float (&acc_s)[T::S_ACC], u32
         wgmma_pin(acc_s);
         c.release(c.sm.k_empty, c.kpos.s);
         c.kpos.advance();
-        online_softmax(acc_s, row_max, row_sum, alpha, r, j * T::BLOCK_N);
+        tile_softmax(acc_s, row_max, row_sum, alpha, r, kt, rows, j);
         wgmma_wait<0>();                               // P_{j-1} V_{j-1} is done: O and P are free again
         wgmma_pin(acc_o);
         wgmma_pin(p);
@@ -589,9 +840,9 @@ DEVICE void store_o_lse(const float (&acc_o)[T::O_ACC], const float (&row_max)[2
 }
 
 // A consumer warpgroup's loop over the CTA's work tiles: its 64 query rows of each, against all the tile's keys.
-template <class T, bool BF16>
+template <class T, bool BF16, int MODS>
 DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, float* lse, int Tq, int Tk,
-                    float scale_log2, int causal) {
+                    float scale_log2, int causal, const VariantArgs& va) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     Consumer<T, BF16> c{sm, sm.sQ + cw * WGMMA_M * SWIZZLE_BYTES, lane, {cw}};
     u32 q_phase = 0;
@@ -599,7 +850,7 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
     for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
         int m0, bh;
         work.tile(w, m0, bh);
-        const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
+        const auto kt = work_tiles<T, MODS>(m0, bh, Tq, Tk, causal, va);
         RowInfo r;
         r.first_row = m0 + cw * WGMMA_M;
         r.row[0] = r.first_row + 16 * warp + lane / 4;
@@ -609,6 +860,7 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
         r.diag = Tk - Tq;
         r.causal = causal;
         r.scale_log2 = scale_log2;
+        const auto rows = consumer_rows<MODS>(r, bh, Tq, va);
 
         float acc_o[T::O_ACC];
 #pragma unroll
@@ -618,14 +870,14 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
         float acc_s[T::S_ACC];                         // S, then p, of the K/V tile in hand
         u32 p[T::P_REGS];                              // P in 16 bits, the A operand of O += P V
         float alpha[2];                                // (declared here, not in attend_*: the same register use)
-        if (n_tiles > 0) {
+        if (kt.n > 0) {
             mbar_wait(smem_addr(sm.q_full), q_phase);
             q_phase ^= 1;
         }
-        if (OVERLAP && n_tiles > 0)
-            attend_pipelined(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, n_tiles);
+        if (OVERLAP && kt.n > 0)
+            attend_pipelined(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, kt, rows);
         else
-            attend_plain(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, n_tiles);
+            attend_plain(c, acc_s, p, alpha, acc_o, row_max, row_sum, r, kt, rows);
         store_o_lse<T, BF16>(acc_o, row_max, row_sum, r, o, lse, bh, Tq);
     }
     c.turns.finish();
@@ -635,9 +887,10 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
 // ---------------------------------------------------------------------------------------------
 // The kernel body, shared by the four entry points (dtype x D)
 // ---------------------------------------------------------------------------------------------
-template <int D, bool BF16>
+template <int D, bool BF16, int MODS>
 DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v, u16* o,
-                              float* lse, int Tq, int Tk, int heads, float scale_log2, int causal) {
+                              float* lse, int Tq, int Tk, int heads, float scale_log2, int causal,
+                              const VariantArgs& va) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -673,12 +926,12 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
         regs_decrease<T::PRODUCER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
         const Work<T> work{m_count, work_count};
-        if (threadIdx.x == 0) produce(sm, work, map_q, map_k, map_v, Tq, Tk, causal);
+        if (threadIdx.x == 0) produce<T, MODS>(sm, work, map_q, map_k, map_v, Tq, Tk, causal, va);
     } else {
         regs_increase<T::CONSUMER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
         const Work<T> work{m_count, work_count};
-        consume<T, BF16>(sm, work, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal);
+        consume<T, BF16, MODS>(sm, work, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal, va);
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
@@ -688,20 +941,43 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 // ---------------------------------------------------------------------------------------------
 // Entry points: float16 or bfloat16, D = 64 or 128, all with the signature of the header's "Kernels"
 // ---------------------------------------------------------------------------------------------
+#ifndef VARIANT_MODS
 #define HOPPER_ATTN_PARAMS                                                                                          \
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2, int causal
-#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal
+#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal, VariantArgs{}
 
 extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_f16_d64(HOPPER_ATTN_PARAMS) {
-    attention_forward<64, false>(HOPPER_ATTN_ARGS);
+    attention_forward<64, false, 0>(HOPPER_ATTN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_f16_d128(HOPPER_ATTN_PARAMS) {
-    attention_forward<128, false>(HOPPER_ATTN_ARGS);
+    attention_forward<128, false, 0>(HOPPER_ATTN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_bf16_d64(HOPPER_ATTN_PARAMS) {
-    attention_forward<64, true>(HOPPER_ATTN_ARGS);
+    attention_forward<64, true, 0>(HOPPER_ATTN_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_bf16_d128(HOPPER_ATTN_PARAMS) {
-    attention_forward<128, true>(HOPPER_ATTN_ARGS);
+    attention_forward<128, true, 0>(HOPPER_ATTN_ARGS);
 }
+#else
+// The variant entry points, built instead of the four above with -D VARIANT_MODS = a sum of MOD_DOCS, MOD_SOFTCAP and
+// MOD_ALIBI (the switches of the build): hopper_attn_variants_{f16,bf16}_d{64,128}, the header's "Variant kernels".
+static_assert(VARIANT_MODS >= 0 && VARIANT_MODS < MOD_VARIANT, "VARIANT_MODS: a sum of MOD_DOCS, MOD_SOFTCAP and "
+                                                                "MOD_ALIBI");
+#define HOPPER_ATTN_VARIANTS(NAME, D, BF16)                                                                         \
+    __global__ void __launch_bounds__(Shape<D>::THREADS, 1)                                                         \
+    NAME(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                          \
+         const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2,  \
+         const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq,         \
+         int group, int left, int right, int prefix, float cap_in, float cap_out) {                                 \
+        attention_forward<D, BF16, VARIANT_MODS | MOD_VARIANT>(                                                     \
+            map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, 0,                                              \
+            VariantArgs{doc_q, doc_k, classes, alibi_slopes, Hq, group, left, right, prefix, cap_in, cap_out});     \
+    }
+extern "C" {
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d64, 64, false)
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d128, 128, false)
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_bf16_d64, 64, true)
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_bf16_d128, 128, true)
+}
+#endif

@@ -19,6 +19,12 @@ third dimension so that a box hanging over the end of one head reads zeros, not 
 
 The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
 default_tiles); without the causal mask the launch is persistent (one CTA per SM walks the work tiles).
+
+The variants of reference/variants.py (forward_variants; forward takes them too): k, v with fewer heads than q
+(grouped-query attention), window=(left, right), prefix, doc_ids_q / doc_ids_k, alibi_slopes and softcap, checked by
+flash2_mma's variant_spec and check_variant_arrays (the same rules and messages), built as the kernel's variant entry
+points (-D VARIANT_MODS); document ids are classified per (query tile, key tile) by flash2_mma's class kernel at this
+kernel's tile sizes.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import hopper_gemm
-from ..core import (INT32_MAX, MAX_GRID_X, NULL, ceil_div, cp, defines_from, device_info, dtype_set,
-                    get_kernel, validate_attention)
+from ..core import (INT32_MAX, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_alignment, check_array, check_grid, cp,
+                    current_device, defines_from, device_info, dtype_set, get_kernel, validate_attention)
+from ..flash import flash2_mma as F  # the variants' option checks and the document-class kernel
 from ..core.registry import Variant, register
 
 KERNEL_FILE = "hopper_attn.cu"
@@ -137,17 +144,33 @@ KERNEL_NAMES = {(dt, d): f"hopper_attn_{'bf16' if dt == 'bfloat16' else 'f16'}_d
 DEFINES = tiles_defines(64, TILES[(64, False)]) + tiles_defines(128, TILES[(128, False)])
 NVRTC_BUILDS = [((), DEFINES + SCHEDULES[(True, True)])]
 
+# The variant entry points (-D VARIANT_MODS=mods, mods a sum of the MOD_ flags: flash2_mma's values, which the .cu's
+# enum repeats) and their tilings: two consumer warpgroups and 128-key tiles at both head dimensions, as the mask,
+# the modifiers and the row data need registers the 192-row (d = 64: 160 per consumer thread) and 176-key (d = 128)
+# tilings do not have: those spill (kernels/hopper/README.md).
+VARIANT_KERNEL_NAMES = {(dt, d): f"hopper_attn_variants_{'bf16' if dt == 'bfloat16' else 'f16'}_d{d}" for dt in DTYPES
+                        for d in HEAD_DIMS}
+MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI = F.MOD_DOCS, F.MOD_SOFTCAP, F.MOD_ALIBI
+VARIANT_TILES = {64: Tiles(128, 128, 4), 128: Tiles(128, 128, 2)}
+# The variant builds of the default schedule, one per MODS, which tests/test_hopper_variants_compile.py compiles for
+# sm_90a (not in NVRTC_BUILDS: their tile defines are not the .cu's defaults, which tests/test_compile.py requires).
+VARIANT_BUILDS = [(mods, tiles_defines(64, VARIANT_TILES[64]) + tiles_defines(128, VARIANT_TILES[128])
+                   + SCHEDULES[(True, True)] + defines_from(VARIANT_MODS=mods)) for mods in range(8)]
+
 _CHECKED: set = set()
 
 
 def kernel(dtype: str, d: int, tiles: Tiles, dev: int | None = None, overlap: bool = True, pingpong: bool = True,
-           lazy_rescale: bool = True):
-    """The Kernel of one (dtype, d, tiling, schedule, rescaling): compiled for sm_90a on first use; its register count
+           lazy_rescale: bool = True, mods: int | None = None):
+    """The Kernel of one (dtype, d, tiling, schedule, rescaling), or with mods (a sum of MOD_DOCS, MOD_SOFTCAP,
+    MOD_ALIBI) of the variant entry point with those switches: compiled for sm_90a on first use; its register count
     checked once per device (the consumers' setmaxnreg.inc would wait forever in a build with fewer registers than
     tiles.launch_regs)."""
-    name = KERNEL_NAMES[(dtype, d)]
+    name = (KERNEL_NAMES if mods is None else VARIANT_KERNEL_NAMES)[(dtype, d)]
     schedule = (bool(overlap), bool(pingpong))
     defines = tiles_defines(d, tiles) + SCHEDULES[schedule] + defines_from(LAZY_RESCALE=bool(lazy_rescale))
+    if mods is not None:
+        defines += defines_from(VARIANT_MODS=int(mods))
     kern = get_kernel(KERNEL_FILE, name, defines=defines, shared_mem=smem_bytes(d, tiles),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
     if (name, tiles, defines, dev) not in _CHECKED and dev is not None:
@@ -158,8 +181,30 @@ def kernel(dtype: str, d: int, tiles: Tiles, dev: int | None = None, overlap: bo
     return kern
 
 
+def _check_problem(BH: int, H: int, Tq: int, Tk: int, d: int, tiles, default) -> tuple[Tiles, int]:
+    """The head dimension, the tiling (the caller's, checked, or default(d) for None), the work-tile count and the row
+    indices of one problem (BH = B * H query heads); returns (tiling, work tiles)."""
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS} (its tiles "
+                         f"are whole 64-column rows of the 128-byte swizzle)")
+    if tiles is None:
+        tiles = default(d)
+    else:
+        tiles = Tiles(*tiles)
+        check_tiles(d, tiles)
+    work = ceil_div(Tq, tiles.block_m) * BH  # work tiles: (query tile, head, batch)
+    if work > MAX_WORK:
+        raise ValueError(f"B={BH // H}, H={H}, Tq={Tq} make {work} work tiles of {tiles.block_m} query rows; {WHAT} "
+                         f"counts them in 32-bit integers and takes at most {MAX_WORK}")
+    limit = INT32_MAX - 2 * max(tiles.block_m, tiles.block_n)
+    if max(Tq, Tk) > limit:
+        raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
+    return tiles, work
+
+
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True, lazy_rescale=True,
-            tiles=None, persistent=None):
+            tiles=None, persistent=None, window=None, prefix=None, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None,
+            softcap=None):
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
@@ -179,24 +224,19 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
     the causal mask, where every work tile costs the same, and False with it, where the fixed round robin would give
     some SMs only long tiles. Same build, same results.
+
+    window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
+    kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
     """
+    if (window is not None or prefix is not None or doc_ids_q is not None or doc_ids_k is not None
+            or alibi_slopes is not None or softcap is not None or _fewer_kv_heads(q, k)):
+        return forward_variants(q, k, v, causal=causal, scale=scale, return_lse=return_lse, overlap=overlap,
+                                pingpong=pingpong, lazy_rescale=lazy_rescale, tiles=tiles, persistent=persistent,
+                                window=window, prefix=prefix, doc_ids_q=doc_ids_q, doc_ids_k=doc_ids_k,
+                                alibi_slopes=alibi_slopes, softcap=softcap)
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
                                                 scale=scale, align=ALIGN)
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS} (its tiles "
-                         f"are whole 64-column rows of the 128-byte swizzle)")
-    if tiles is None:
-        tiles = default_tiles(d, causal, Tq)
-    else:
-        tiles = Tiles(*tiles)
-        check_tiles(d, tiles)
-    work = ceil_div(Tq, tiles.block_m) * B * H  # work tiles: (query tile, head, batch)
-    if work > MAX_WORK:
-        raise ValueError(f"B={B}, H={H}, Tq={Tq} make {work} work tiles of {tiles.block_m} query rows; {WHAT} "
-                         f"counts them in 32-bit integers and takes at most {MAX_WORK}")
-    limit = INT32_MAX - 2 * max(tiles.block_m, tiles.block_n)
-    if max(Tq, Tk) > limit:
-        raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
+    tiles, work = _check_problem(B * H, H, Tq, Tk, d, tiles, lambda d: default_tiles(d, causal, Tq))
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dev = cp.cuda.runtime.getDevice()
     dtype = q.dtype.name
@@ -214,6 +254,88 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
         (grid,), (tiles.threads,),
         (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(BH),
          np.float32(scale * LOG2E), np.int32(bool(causal))),
+        shared_mem=smem_bytes(d, tiles))
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The variants: grouped-query heads, window / causal / prefix, document ids, softcap, ALiBi (hopper_attn_variants_*)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _fewer_kv_heads(q, k) -> bool:
+    qs, ks = getattr(q, "shape", None), getattr(k, "shape", None)
+    return qs is not None and ks is not None and len(qs) == 4 and len(ks) == 4 and qs[1] != ks[1]
+
+
+def _validate_qkv(q, k, v, scale):
+    """validate_attention, with k and v allowed Hkv heads where q has Hq (checked against each other by
+    variant_spec): returns (B, Hq, Tq, Tk, d, scale)."""
+    if not _fewer_kv_heads(q, k):  # the same heads (or a shape validate_attention rejects with the precise error)
+        return validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT, scale=scale,
+                                  align=ALIGN)
+    B, Hq, Tq, _, d, scale = validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
+                                                scale=scale, align=ALIGN)
+    dev = current_device()
+    for name, x in (("k", k), ("v", v)):
+        check_array(x, name, dtypes=dtype_set((q.dtype.name,)), ndim=4, dev=dev)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape} and v {v.shape}")
+    if k.shape[0] != B or k.shape[3] != d or min(k.shape) < 1:
+        raise ValueError(f"q {q.shape} and k {k.shape} must agree on B and d, every dimension >= 1")
+    if k.size > INT32_MAX:
+        raise ValueError(f"k has {k.size} elements; {WHAT} indexes with 32-bit integers (<= {INT32_MAX})")
+    if k.data.ptr % ALIGN or v.data.ptr % ALIGN:
+        check_alignment(WHAT, ALIGN, k=k, v=v)
+    return B, Hq, Tq, k.shape[2], d, scale
+
+
+def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True,
+                     lazy_rescale=True, tiles=None, persistent=None, window=None, prefix=None, doc_ids_q=None,
+                     doc_ids_k=None, alibi_slopes=None, softcap=None):
+    """reference.variants.attention_variant on the Hopper kernel: q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) with
+    Hq % Hkv == 0, float16 or bfloat16, d = 64 or 128; causal, window=(left, right), prefix, doc_ids_q (B, Tq) and
+    doc_ids_k (B, Tk) int32 (doc_ids_k defaults to doc_ids_q when Tq == Tk), alibi_slopes (Hq,) float32 and softcap as
+    flash2_mma.forward takes them (its variant_spec and check_variant_arrays check them, with the same messages).
+    Returns o (B, Hq, Tq, d) and with return_lse lse (B, Hq, Tq) float32 (-inf for a row that sees no key, whose o
+    is 0). overlap, pingpong, lazy_rescale, tiles and persistent as forward() takes them; the tiling defaults to
+    VARIANT_TILES, the launch is persistent by default only without a mask. With document ids flash2_mma's class
+    kernel classifies the (query tile, key tile) pairs first (one more launch per call)."""
+    B, Hq, Tq, Tk, d, scale = _validate_qkv(q, k, v, scale)
+    docs, alibi = doc_ids_q is not None or doc_ids_k is not None, alibi_slopes is not None
+    spec = F.variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
+                          docs=docs, alibi=alibi)
+    dev = current_device()
+    doc_ids_q, doc_ids_k = F.check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B, Hq, Tq, Tk, dev)
+    tiles, work = _check_problem(B * Hq, Hq, Tq, Tk, d, tiles, VARIANT_TILES.__getitem__)
+    if 2 * (Tq + Tk) + 4 * max(tiles.block_m, tiles.block_n) > INT32_MAX:  # band bounds c + right, c - left
+        raise ValueError(f"Tq + Tk = {Tq + Tk} is too large for the variants of {WHAT} (32-bit key positions)")
+    if docs:
+        check_grid(B, WHAT + " document classes", MAX_GRID_YZ, "y")
+    hopper_gemm.check_hopper()
+    dtype = q.dtype.name
+    Hkv = k.shape[1]
+    o = cp.empty((B, Hq, Tq, d), dtype=q.dtype)
+    lse = cp.empty((B, Hq, Tq), dtype=cp.float32) if return_lse else None
+    map_q = hopper_gemm.tensor_map(q, B * Hq, Tq, d, tiles.block_m)
+    map_k = hopper_gemm.tensor_map(k, B * Hkv, Tk, d, tiles.block_n)  # query head h reads kv head h / group
+    map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, tiles.block_n)
+    classes = None
+    if docs:  # (B, m_count, n_count) int8 classes at this tiling (the kernel reads them in the same layout)
+        m_count, n_count = ceil_div(Tq, tiles.block_m), ceil_div(Tk, tiles.block_n)
+        classes = cp.empty((B, m_count, n_count), dtype=cp.int8)
+        get_kernel(F.KERNEL_FILE, F.CLASS_KERNEL_NAME, defines=F.CLASS_DEFINES)(
+            (m_count, B), (F.CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
+                                                np.int32(tiles.block_m), np.int32(tiles.block_n)))
+    if persistent is None:
+        persistent = not (causal or window is not None or prefix is not None or docs)
+    grid = min(work, device_info(dev).sm_count) if persistent else work
+    kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale, spec.mods)(
+        (grid,), (tiles.threads,),
+        (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(B * Hq),
+         np.float32(scale * LOG2E), NULL if doc_ids_q is None else doc_ids_q,
+         NULL if doc_ids_k is None else doc_ids_k, NULL if classes is None else classes,
+         NULL if alibi_slopes is None else alibi_slopes, np.int32(Hq), np.int32(spec.group), np.int32(spec.left),
+         np.int32(spec.right), np.int32(spec.prefix), np.float32(spec.cap_in), np.float32(spec.cap_out)),
         shared_mem=smem_bytes(d, tiles))
     return (o, lse) if return_lse else o
 
