@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 CU_FILES = sorted(p for p in (ROOT / "kernels").rglob("*.cu") if p.parent.name != "examples")
@@ -62,14 +63,6 @@ def _cuda_include_dir():
     return None
 
 
-def nvrtc_compile(source: str, name: str, arch: str, options=(), name_expressions=()):
-    """(ok, NVRTC's log) of one build: the result of compile_ahead's run where it started this build, else compiled now."""
-    ahead = _AHEAD.pop(("nvrtc", source, name, arch, tuple(options), tuple(name_expressions)), None)
-    if ahead is not None:
-        return ahead.result()
-    return _nvrtc_compile(source, name, arch, options, name_expressions)
-
-
 def _nvrtc_compile(source: str, name: str, arch: str, options=(), name_expressions=()):
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
     inc = _cuda_include_dir()
@@ -107,45 +100,29 @@ def _run_header_nvcc(cu: Path, out_dir: Path) -> subprocess.CompletedProcess:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Compiling ahead: NVRTC and nvcc run outside Python's lock, so the builds the selected tests of this file will make
-# start together, on a thread per CPU core, and each test waits for its own. In one process that makes the file
-# about as fast as the machine has cores (pytest-xdist workers, which share the cores already, compile in turn).
+# Compiling ahead (tests/ahead.py): the NVRTC and nvcc builds of this file's selected tests start together, a thread
+# per CPU core, and each test waits for its own.
 # ---------------------------------------------------------------------------------------------------------
-_AHEAD: dict = {}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_ahead(request, tmp_path_factory):
-    import concurrent.futures
-
-    if hasattr(request.config, "workerinput"):
-        yield
-        return
+def _plan(item, tmp_path_factory):
     from kernels.core import NVRTC_OPTIONS
 
-    jobs = {}
-    for item in request.session.items:
-        if getattr(item, "module", None) is not request.module or not hasattr(item, "callspec"):  # nbval cells too
-            continue
-        params = item.callspec.params
-        if item.originalname == "test_nvrtc_compiles_standalone":
-            cu, arch = params["cu"], params["arch"]
-            for name_expressions, defines in _builds(cu):
-                args = (cu.read_text(), cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), tuple(name_expressions))
-                jobs[("nvrtc", *args)] = (_nvrtc_compile, *args)
-        elif item.originalname == "test_header_nvcc_line_builds_every_kernel" and shutil.which("nvcc"):
-            cu = params["cu"]
-            if header_build(cu)[0] is not None:
-                jobs[("nvcc", cu)] = (_run_header_nvcc, cu, tmp_path_factory.mktemp(cu.stem))
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    try:
-        _AHEAD.update({key: pool.submit(*job) for key, job in jobs.items()})
-        yield
-    finally:
-        for future in _AHEAD.values():  # builds of deselected or skipped tests
-            future.cancel()
-        _AHEAD.clear()
-        pool.shutdown(wait=True)
+    params = getattr(item, "callspec", None) and item.callspec.params
+    if item.originalname == "test_nvrtc_compiles_standalone":
+        cu, arch = params["cu"], params["arch"]
+        for name_expressions, defines in _builds(cu):
+            args = (cu.read_text(), cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), tuple(name_expressions))
+            yield ("nvrtc", *args), _nvrtc_compile, args
+    elif item.originalname == "test_header_nvrtc_build_holds_every_kernel":
+        yield ("header-nvrtc", params["cu"]), _header_nvrtc_build, (params["cu"],)
+    elif item.originalname == "test_header_nvcc_line_builds_every_kernel" and shutil.which("nvcc"):
+        cu = params["cu"]
+        if header_build(cu)[0] is not None:
+            yield ("nvcc", cu), _run_header_nvcc, (cu, tmp_path_factory.mktemp(cu.stem))
+
+
+AHEAD = Ahead(_plan)
+compile_ahead = AHEAD.fixture()
 
 
 def test_there_are_kernels():
@@ -287,8 +264,7 @@ def test_header_nvcc_line_builds_every_kernel(cu, tmp_path):
     nvcc, _, _ = header_build(cu)
     if nvcc is None:
         pytest.fail(f"{cu.name}: no nvcc line in the header")
-    ahead = _AHEAD.pop(("nvcc", cu), None)
-    res = ahead.result() if ahead is not None else _run_header_nvcc(cu, tmp_path)
+    res = AHEAD.result(("nvcc", cu), _run_header_nvcc, cu, tmp_path)
     assert res.returncode == 0, f"{nvcc}\n{res.stderr}"
     entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
     extern_c, templates = declared_kernels(cu.read_text())
@@ -300,8 +276,8 @@ def test_header_nvcc_line_builds_every_kernel(cu, tmp_path):
             f"{cu.name}: kernel template {name} has no instantiation in `{nvcc}`'s object"
 
 
-@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
-def test_header_nvrtc_build_holds_every_kernel(cu):
+def _header_nvrtc_build(cu: Path):
+    """(arch, ok, NVRTC's log, CUBIN, lowered names) of the header's own NVRTC line for `cu`."""
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
     from kernels.core import cuda_header_options
 
@@ -322,18 +298,27 @@ def test_header_nvrtc_build_holds_every_kernel(cu):
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, log)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{cu.name} ({arch}) failed:\n{log.decode(errors='replace')}"
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return arch, False, log.decode(errors="replace"), b"", []
         _, size = nvrtc.nvrtcGetCUBINSize(prog)
         cubin = b" " * size
         nvrtc.nvrtcGetCUBIN(prog, cubin)
-        symbols = _kernel_names_in(cubin)
         lowered = []
         for expr in names:
             err, name = nvrtc.nvrtcGetLoweredName(prog, expr.encode())
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, (expr, err)
             lowered.append(name if isinstance(name, bytes) else name.encode())
+        return arch, True, log.decode(errors="replace"), cubin, lowered
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize("cu", CU_FILES, ids=lambda p: p.name)
+def test_header_nvrtc_build_holds_every_kernel(cu):
+    arch, ok, log, cubin, lowered = AHEAD.result(("header-nvrtc", cu), _header_nvrtc_build, cu)
+    assert ok, f"{cu.name} ({arch}) failed:\n{log}"
+    symbols = _kernel_names_in(cubin)
+    names = header_build(cu)[2]
     extern_c, templates = declared_kernels(cu.read_text())
     for name in extern_c:
         assert name.encode() in symbols, f"{cu.name}: kernel {name} is not in the {arch} CUBIN (an arch guard?)"
@@ -372,6 +357,7 @@ def test_nvrtc_compiles_standalone(cu, arch):
         assert header.startswith("ptx/") and (ROOT / "kernels" / header).is_file(), \
             f"{cu.name} includes {header!r}; a kernel file includes only the PTX headers of kernels/ptx/"
     for name_expressions, defines in _builds(cu):
-        ok, log = nvrtc_compile(source, cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), name_expressions)
+        args = (source, cu.name, arch, NVRTC_OPTIONS[1:] + tuple(defines), tuple(name_expressions))
+        ok, log = AHEAD.result(("nvrtc", *args), _nvrtc_compile, *args)
         assert ok, f"{cu.name} ({arch}, {defines}, {name_expressions}) failed to compile:\n{log}"
         assert "warning" not in log.lower(), f"{cu.name} ({arch}) compiles with warnings:\n{log}"

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "kernels" / "examples").glob("*.cu"))
@@ -38,6 +39,24 @@ def build(example: Path, out: Path) -> Path:
     return out
 
 
+def _build_or_error(example: Path, out: Path):
+    try:
+        return build(example, out)
+    except AssertionError as e:
+        return e
+
+
+def _plan(item, tmp_path_factory):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "example" in params and shutil.which("nvcc"):
+        example = params["example"]
+        yield example, _build_or_error, (example, tmp_path_factory.mktemp("examples") / example.stem)
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: the examples build together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """built(example): the program built with its documented line, once per session (the build test and the run test
@@ -46,10 +65,8 @@ def built(tmp_path_factory):
 
     def get(example: Path) -> Path:
         if example not in results:
-            try:
-                results[example] = build(example, tmp_path_factory.mktemp("examples") / example.stem)
-            except AssertionError as e:
-                results[example] = e
+            results[example] = AHEAD.result(example, _build_or_error, example,
+                                             tmp_path_factory.mktemp("examples") / example.stem)
         if isinstance(results[example], AssertionError):
             raise results[example]
         return results[example]

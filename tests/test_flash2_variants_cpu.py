@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ahead import Ahead
 
 import reference.variants as RV
 from kernels.flash import flash2_mma as F
@@ -30,18 +31,34 @@ def test_every_variant_build_is_listed():
     assert any(not ns and "-DCLASS_THREADS=128" in defines for ns, defines in _variant_builds())
 
 
+def _nvrtc_build(names, defines, arch):
+    from kernels.core import NVRTC_OPTIONS, compile_program, cuda_header_options
+    from tests.test_compile import _cuda_include_dir
+
+    inc = _cuda_include_dir()
+    options = (*NVRTC_OPTIONS, *defines, *cuda_header_options(), *([f"-I{inc}"] if inc is not None else []))
+    source = (Path(F.__file__).parent / F.KERNEL_FILE).read_text()
+    return compile_program(source, F.KERNEL_FILE, arch, options, tuple(names))
+
+
+def _plan(item, tmp_path_factory):
+    if item.originalname == "test_variant_build_compiles_and_holds_its_kernels":
+        p = item.callspec.params
+        yield (tuple(p["names"]), tuple(p["defines"]), p["arch"]), _nvrtc_build, (p["names"], p["defines"], p["arch"])
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("names,defines", _variant_builds(), ids=lambda x: (x[0] if x else "classes")
                          if isinstance(x, tuple) and (not x or not x[0].startswith("-D")) else "")
 def test_variant_build_compiles_and_holds_its_kernels(names, defines, arch):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
-    from kernels.core import NVRTC_OPTIONS, compile_program, cuda_header_options
-    from tests.test_compile import _cuda_include_dir, _kernel_names_in
+    from tests.test_compile import _kernel_names_in
 
-    inc = _cuda_include_dir()
-    options = (*NVRTC_OPTIONS, *defines, *cuda_header_options(), *([f"-I{inc}"] if inc is not None else []))
-    source = (Path(F.__file__).parent / F.KERNEL_FILE).read_text()
-    cubin, log, lowered = compile_program(source, F.KERNEL_FILE, arch, options, tuple(names))
+    cubin, log, lowered = AHEAD.result((tuple(names), tuple(defines), arch), _nvrtc_build, names, defines, arch)
     assert "warning" not in log.lower(), log
     symbols = _kernel_names_in(cubin)
     for expr in names:

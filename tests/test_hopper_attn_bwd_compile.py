@@ -31,6 +31,7 @@ import subprocess
 from collections import Counter
 
 import pytest
+from ahead import Ahead
 
 from kernels import core
 from kernels.hopper import hopper_attn_bwd as B
@@ -74,12 +75,37 @@ def deterministic(build):
     return build[0]
 
 
+def _nvrtc_build(build):
+    source = core.kernel_path(B.KERNEL_FILE).read_text()
+    return core.compile_cubin(source, B.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + BUILDS[build])
+
+
+def _nvcc_build(det, bulk, sched, out_dir):
+    cu = core.kernel_path(B.KERNEL_FILE)
+    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
+           f"-DDETERMINISTIC={det}", f"-DDQ_BULK={bulk}", *schedule_defines(sched), "--resource-usage", "-o",
+           os.fspath(out_dir / "k.o"), os.fspath(cu)]
+    return cmd, subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _plan(item, tmp_path_factory):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "build" in params and _nvrtc_available():
+        yield ("nvrtc", params["build"]), _nvrtc_build, (params["build"],)
+    if item.originalname == "test_nvcc_builds_sm90a_without_spills" and shutil.which("nvcc"):
+        key = (params["det"], params["bulk"], params["sched"])
+        yield ("nvcc", key), _nvcc_build, (*key, tmp_path_factory.mktemp("nvcc"))
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
 @pytest.fixture(scope="module")
 def cubin(tmp_path_factory, build):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    source = core.kernel_path(B.KERNEL_FILE).read_text()
-    data, log = core.compile_cubin(source, B.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + BUILDS[build])
+    data, log = AHEAD.result(("nvrtc", build), _nvrtc_build, build)
     assert "warning" not in log.lower(), f"{B.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper_attn_bwd") / "hopper_attn_bwd_sm_90a.cubin"
     path.write_bytes(data)
@@ -202,11 +228,7 @@ def test_constants_agree_with_the_kernel():
 @pytest.mark.parametrize("det,bulk,sched", [(0, 1, s) for s in SCHEDULES] + [(1, 1, (0, 0, 0)), (0, 0, (0, 0, 0)),
                                               (1, 1, (1, 1, 1)), (0, 0, (1, 1, 1))])
 def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
-    cu = core.kernel_path(B.KERNEL_FILE)
-    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
-           f"-DDETERMINISTIC={det}", f"-DDQ_BULK={bulk}", *schedule_defines(sched), "--resource-usage", "-o",
-           os.fspath(tmp_path / "k.o"), os.fspath(cu)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    cmd, res = AHEAD.result(("nvcc", (det, bulk, sched)), _nvcc_build, det, bulk, sched, tmp_path)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
     kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES)

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 
 import pytest
+from ahead import Ahead
 
 from kernels import core
 from kernels.hopper import hopper_attn as A
@@ -53,16 +54,30 @@ def schedule(build):
     return build[1]
 
 
-@pytest.fixture(scope="module")
-def cubin(tmp_path_factory, build):
-    if not _nvrtc_available():
-        pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
+def _nvrtc_build(build):
     causal, schedule = build
     source = core.kernel_path(A.KERNEL_FILE).read_text()
     tiles = build_tiles(causal)
     options = (core.NVRTC_OPTIONS + A.tiles_defines(64, tiles[64]) + A.tiles_defines(128, tiles[128])
                + A.SCHEDULES[schedule])
-    data, log = core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
+    return core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
+
+
+def _plan(item, tmp_path_factory):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "build" in params and _nvrtc_available():
+        yield params["build"], _nvrtc_build, (params["build"],)
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory, build):
+    if not _nvrtc_available():
+        pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
+    data, log = AHEAD.result(build, _nvrtc_build, build)
     assert "warning" not in log.lower(), f"{A.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
     path = tmp_path_factory.mktemp("hopper_attn") / "hopper_attn_sm_90a.cubin"
     path.write_bytes(data)

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from ahead import Ahead
 
 import reference.variants as RV
 from kernels import core
@@ -31,11 +32,36 @@ HGMMA = re.compile(r"\bHGMMA\.64x(\d+)x16\.F32(\.BF16)?\s+R\d+,\s*(R\d+|gdesc\[\
 NAMES = {v: k for k, v in A.VARIANT_KERNEL_NAMES.items()}  # kernel name -> (dtype, d)
 
 
+def _nvrtc_build(defines, arch):
+    source = core.kernel_path(A.KERNEL_FILE).read_text()
+    return core.compile_cubin(source, A.KERNEL_FILE, arch, core.NVRTC_OPTIONS + tuple(defines))
+
+
+def _schedule_defines(schedule):
+    return (A.tiles_defines(64, A.VARIANT_TILES[64]) + A.tiles_defines(128, A.VARIANT_TILES[128])
+            + A.SCHEDULES[schedule] + core.defines_from(VARIANT_MODS=7))
+
+
+def _plan(item, tmp_path_factory):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if not _nvrtc_available():
+        return
+    if item.originalname == "test_variant_build_compiles_for_sm90a_without_spills":
+        defines = tuple(params["defines"])
+        yield (defines, ARCH), _nvrtc_build, (defines, ARCH)
+    elif item.originalname == "test_every_switch_under_the_other_schedules":
+        defines = tuple(_schedule_defines(params["schedule"]))
+        yield (defines, ARCH), _nvrtc_build, (defines, ARCH)
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
 def _compile(defines, arch=ARCH):
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    source = core.kernel_path(A.KERNEL_FILE).read_text()
-    data, log = core.compile_cubin(source, A.KERNEL_FILE, arch, core.NVRTC_OPTIONS + tuple(defines))
+    data, log = AHEAD.result((tuple(defines), arch), _nvrtc_build, tuple(defines), arch)
     assert "warning" not in log.lower(), f"{A.KERNEL_FILE} ({arch}, {defines}) compiles with warnings:\n{log}"
     return data
 
@@ -83,9 +109,7 @@ def test_variant_build_compiles_for_sm90a_without_spills(tmp_path, mods, defines
 @pytest.mark.parametrize("schedule", [s for s in sorted(A.SCHEDULES) if s != (True, True)],
                          ids=lambda s: f"overlap{int(s[0])}-pingpong{int(s[1])}")
 def test_every_switch_under_the_other_schedules(tmp_path, schedule):
-    defines = (A.tiles_defines(64, A.VARIANT_TILES[64]) + A.tiles_defines(128, A.VARIANT_TILES[128])
-               + A.SCHEDULES[schedule] + core.defines_from(VARIANT_MODS=7))
-    _check_cubin(tmp_path, _compile(defines), overlap=schedule[0])
+    _check_cubin(tmp_path, _compile(_schedule_defines(schedule)), overlap=schedule[0])
 
 
 def test_variant_build_is_a_stub_elsewhere():

@@ -14,9 +14,10 @@ import re
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 from test_compile import ROOT, _cuda_include_dir, _kernel_names_in, declared_kernels, launcher_of
-from test_hopper_compile import _run, cuobjdump_for
+from test_hopper_compile import _nvrtc_available, _run, cuobjdump_for
 
 import kernels
 from kernels import core
@@ -63,6 +64,18 @@ def test_the_t4_files_exist():
     assert set(SM75_FILES) <= set(CU), sorted(set(SM75_FILES) - set(CU))
 
 
+def _plan(item, tmp_path_factory):
+    if item.originalname == "test_sm75_build_holds_real_kernels" and _nvrtc_available():
+        cu = CU[item.callspec.params["name"]]
+        for name_expressions, defines in sm75_builds(cu):
+            args = (cu.read_text(), cu.name, "sm_75", _options(defines), tuple(name_expressions))
+            yield args, core.compile_program, args
+
+
+AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+compile_ahead = AHEAD.fixture()
+
+
 @pytest.mark.parametrize("name", sorted(SM75_FILES))
 def test_sm75_build_holds_real_kernels(name, tmp_path):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
@@ -70,7 +83,8 @@ def test_sm75_build_holds_real_kernels(name, tmp_path):
     source = cu.read_text()
     extern_c, templates = declared_kernels(source)
     for name_expressions, defines in sm75_builds(cu):
-        cubin, log, lowered = core.compile_program(source, cu.name, "sm_75", _options(defines), tuple(name_expressions))
+        args = (source, cu.name, "sm_75", _options(defines), tuple(name_expressions))
+        cubin, log, lowered = AHEAD.result(args, core.compile_program, *args)
         assert "warning" not in log.lower(), f"{cu.name} (sm_75) compiles with warnings:\n{log}"
         symbols = _kernel_names_in(cubin)
         for kernel in extern_c:
