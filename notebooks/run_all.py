@@ -8,9 +8,8 @@
 Executed copies go to results/notebooks/ (the committed notebooks are left as they are). On a machine
 without a CUDA GPU, the notebooks that need none run, and the rest are listed with the reason.
 
-On a GPU, the kernel builds the notebooks and tests use (results/builds.json, results/test-builds.json) are compiled
-first, in parallel on every CPU core (kernels/core/prebuild.py), and the run records the builds it used into
-results/builds.json again.
+On a GPU, the kernel builds the notebooks use (results/builds.json) are compiled first, in parallel on every CPU core
+(kernels/core/prebuild.py), and the run records the builds it used into results/builds.json again.
 """
 
 from __future__ import annotations
@@ -96,8 +95,8 @@ def main(argv: list[str]) -> int:
         from kernels.core import prebuild
         from kernels.core.compile import BUILD_LOG_ENV
 
-        if prebuild.course_builds():
-            prebuild.prebuild(prebuild.course_builds())
+        if prebuild.DEFAULT_LIST.is_file():
+            prebuild.prebuild(prebuild.read_builds(prebuild.DEFAULT_LIST))
         build_log = Path(tempfile.mkstemp(prefix="course-builds-", suffix=".jsonl")[1])
         os.environ[BUILD_LOG_ENV] = str(build_log)  # the notebooks' kernels inherit it
     for path in notebooks:

@@ -1,7 +1,8 @@
 """Compiling ahead: a test file's kernel builds start together, one thread per CPU core, when its first test runs.
 
 NVRTC and nvcc run outside Python's lock, so in one pytest process a file of compile tests becomes about as fast as
-the machine has cores; each test then waits for its own build. A test file declares what its selected tests will
+the machine has cores; each test then waits for its own build. The same goes for other work that waits on other
+processes (tests/test_context_parallel_cpu.py starts its groups of ranks this way). A test file declares what its selected tests will
 build and asks for each result by the same key:
 
     def _plan(item, tmp_path_factory):                 # item: each selected test of this file

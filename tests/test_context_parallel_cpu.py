@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 torch = pytest.importorskip("torch", reason="the multi-process CPU tests need torch (CPU build: pip install torch "
                                             "--index-url https://download.pytorch.org/whl/cpu)")
@@ -26,8 +27,27 @@ _RUNS: dict = {}
 
 def _run(world):
     if world not in _RUNS:
-        _RUNS[world] = selfcheck.spawn(world, "all", timeout_s=60)
+        _RUNS[world] = AHEAD.result(("world", world), selfcheck.spawn, world, "all", 60)
     return _RUNS[world]
+
+
+def _selfcheck_command():
+    return subprocess.run([sys.executable, "-m", "kernels.parallel.selfcheck", "--world", "2", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _plan(item, tmp_path_factory):
+    """The groups of processes start together (tests/ahead.py): each waits on its own processes, not on Python."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if item.originalname in ("test_every_schedule_matches_the_float64_reference",
+                             "test_bad_input_raises_the_same_error_on_every_rank"):
+        yield ("world", params["world"]), selfcheck.spawn, (params["world"], "all", 60)
+    elif item.originalname == "test_selfcheck_command_prints_its_check":
+        yield "command", _selfcheck_command, ()
+
+
+AHEAD = Ahead(_plan)
+compile_ahead = AHEAD.fixture()
 
 
 def _case_id(c):
@@ -112,8 +132,7 @@ def test_shard_and_unshard_are_inverse(schedule, world, T):
 
 
 def test_selfcheck_command_prints_its_check():
-    res = subprocess.run([sys.executable, "-m", "kernels.parallel.selfcheck", "--world", "2", "--quick"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = AHEAD.result("command", _selfcheck_command)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.rstrip().endswith("all ok"), res.stdout
 

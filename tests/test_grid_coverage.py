@@ -52,7 +52,11 @@ def _collect(tmp_path_factory, full):
 
 @pytest.fixture(scope="module")
 def grids(tmp_path_factory):
-    return {"default": _collect(tmp_path_factory, False), "full": _collect(tmp_path_factory, True)}
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two subprocesses: both collections at once
+        default, full = (pool.submit(_collect, tmp_path_factory, full) for full in (False, True))
+        return {"default": default.result(), "full": full.result()}
 
 
 def _skip_without_torch(grids):
