@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONS = ["3.10", "3.11", "3.12"]
@@ -43,14 +44,30 @@ def test_every_python_gets_one_pin_per_package():
         assert "numpy" in names and "pytest" in names
 
 
-@pytest.mark.parametrize("version", PYTHONS)
-def test_test_requirements_resolve_with_the_constraints(version, tmp_path):
+def _resolve(version, tmp_path):
+    """pip's dry run of requirements-test.txt under the constraints of `version`: (command, result)."""
     pins = tmp_path / "constraints.txt"
     pins.write_text("\n".join(constraints_for(version)) + "\n")
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--disable-pip-version-check",
            "--python-version", version, "--only-binary=:all:", "--target", str(tmp_path / "target"),
            "-r", str(ROOT / "requirements-test.txt"), "-c", str(pins)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def _plan(item, tmp_path_factory):
+    """The three dry runs start together (tests/ahead.py): each waits on pip, not on Python."""
+    if item.originalname == "test_test_requirements_resolve_with_the_constraints":
+        version = item.callspec.params["version"]
+        yield version, _resolve, (version, tmp_path_factory.mktemp(f"py{version}"))
+
+
+AHEAD = Ahead(_plan)
+compile_ahead = AHEAD.fixture()
+
+
+@pytest.mark.parametrize("version", PYTHONS)
+def test_test_requirements_resolve_with_the_constraints(version, tmp_path):
+    _, res = AHEAD.result(version, _resolve, version, tmp_path)
     if res.returncode and any(s in res.stderr for s in NETWORK_TROUBLE):
         pytest.skip(f"pip cannot reach the package index: {res.stderr.strip().splitlines()[-1]}")
     assert res.returncode == 0, f"Python {version}: requirements-test.txt with constraints.txt does not resolve:\n" \

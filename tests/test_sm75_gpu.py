@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ahead import Ahead
 
 import kernels
 import reference as R
@@ -44,17 +45,35 @@ def _passed(output: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _simulated_run(test_file):
+    """(command, result) of the file's tests in a subprocess that sees a T4."""
+    k, _ = SIMULATED_RUNS[test_file]
+    env = dict(os.environ, COURSE_SIMULATE_CC="7.5",
+               PYTHONPATH=os.pathsep.join([os.fspath(ROOT / "tests"), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "sm75_plugin", "-p", "no:cacheprovider", "--no-prebuild",
+           os.fspath(ROOT / "tests" / test_file)] + (["-k", k] if k else [])
+    return cmd, subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def _plan(item, tmp_path_factory):
+    """The simulated runs start together (tests/ahead.py), each a subprocess of its own, where they would run."""
+    if item.originalname == "test_simulated_run" and kernels.gpu_unavailable_reason() is None \
+            and kernels.device_compute_capability() >= core.T4_CC:
+        test_file = item.callspec.params["test_file"]
+        yield test_file, _simulated_run, (test_file,)
+
+
+AHEAD = Ahead(_plan)
+compile_ahead = AHEAD.fixture()
+
+
 @pytest.mark.parametrize("test_file", sorted(SIMULATED_RUNS))
 def test_simulated_run(gpu, test_file):
     cc = kernels.device_compute_capability()
     if cc < core.T4_CC:
         pytest.skip(f"simulating 7.5 needs a GPU of compute capability >= 7.5; this one has {cc[0]}.{cc[1]}")
-    k, at_least = SIMULATED_RUNS[test_file]
-    env = dict(os.environ, COURSE_SIMULATE_CC="7.5",
-               PYTHONPATH=os.pathsep.join([os.fspath(ROOT / "tests"), os.fspath(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "sm75_plugin", "-p", "no:cacheprovider", "--no-prebuild",
-           os.fspath(ROOT / "tests" / test_file)] + (["-k", k] if k else [])
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    _, at_least = SIMULATED_RUNS[test_file]
+    cmd, res = AHEAD.result(test_file, _simulated_run, test_file)
     tail = (res.stdout + res.stderr)[-6000:]
     assert res.returncode == 0, f"{' '.join(cmd)} (COURSE_SIMULATE_CC=7.5) failed:\n{tail}"
     assert _passed(res.stdout) >= at_least, f"fewer than {at_least} tests passed:\n{tail}"
