@@ -54,9 +54,9 @@ def schedule_defines(sched):
 BUILDS = {(det, bulk, sched):
           B.DEFINES + B.ORDER_DEFINES[det] + core.defines_from(DQ_BULK=bulk) + schedule_defines(sched)
           for det, bulk in ((False, 1), (True, 1), (False, 0)) for sched in SCHEDULES}
-assert B.DQ_BULK == 1 and BUILDS[(False, 1, (0, 0, 0))] == B.NVRTC_BUILDS[0][1]
+assert B.DQ_BULK == 1 and BUILDS[(False, 1, (1, 0, 1))] == B.NVRTC_BUILDS[0][1]
 assert B.SCHEDULE_SWITCHES == ("EARLY_P", "EARLY_KV", "DQ_FIRST")
-assert B.schedule() == dict.fromkeys(B.SCHEDULE_SWITCHES, 0)  # the launcher's default: the schedule of main
+assert B.schedule() == {"EARLY_P": 1, "EARLY_KV": 0, "DQ_FIRST": 1}  # the launcher's default schedule
 
 
 def build_id(b):

@@ -63,7 +63,8 @@ def backward_flops(T: int, d: int, causal: bool) -> float:
 
 def hopper_impls(dq_atomics: bool = False, bwd_schedules: bool = False) -> dict[str, dict]:
     """{row name: the hopper_attn_bwd module constants that row's build sets}: `hopper` the default build, `hopper
-    atomics` (DQ_BULK = 0), and one row per non-default mix of the schedule switches, named after the switches on."""
+    atomics` (DQ_BULK = 0), and one row per other mix of the schedule switches, named after the switches on
+    (`hopper no switches` for none)."""
     from ..hopper import hopper_attn_bwd
 
     impls = {"hopper": {}}
@@ -71,9 +72,10 @@ def hopper_impls(dq_atomics: bool = False, bwd_schedules: bool = False) -> dict[
         impls["hopper atomics"] = {"DQ_BULK": 0}
     if bwd_schedules:
         names = hopper_attn_bwd.SCHEDULE_SWITCHES
+        default = tuple(hopper_attn_bwd.schedule()[n] for n in names)
         for mix in itertools.product((0, 1), repeat=len(names)):
-            if any(mix):
-                label = "+".join(n.lower() for n, on in zip(names, mix) if on)
+            if mix != default:
+                label = "+".join(n.lower() for n, on in zip(names, mix) if on) or "no switches"
                 impls[f"hopper {label}"] = dict(zip(names, mix))
     return impls
 

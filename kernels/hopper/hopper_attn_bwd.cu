@@ -55,9 +55,9 @@
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P (b. once
-//   S^T alone has completed), EARLY_KV (dV, dK issued before d.'s barrier), DQ_FIRST (dQ_part waited for first, e.
-//   while dK, dV run); see accumulate.
+//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P 1 (b. once
+//   S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1 (dQ_part waited for
+//   first, e. while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -97,13 +97,13 @@
 #endif
 // The schedule of steps a. and d. (each 0 or 1, any combination; the results are the same bits, only waits move)
 #ifndef EARLY_P
-#define EARLY_P 0          // 1: P^T's exponentials once S^T alone has completed, dS^T once dP^T has too
+#define EARLY_P 1          // 1: P^T's exponentials once S^T alone has completed, dS^T once dP^T has too
 #endif
 #ifndef EARLY_KV
 #define EARLY_KV 0         // 1: dV, dK issued ahead of the dS barrier, dQ_part behind it in a commit group of its own
 #endif
 #ifndef DQ_FIRST
-#define DQ_FIRST 0         // 1: dQ_part waited for first and added while dK (and dV) still run
+#define DQ_FIRST 1         // 1: dQ_part waited for first and added while dK (and dV) still run
 #endif
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16

@@ -43,17 +43,19 @@ POST_MAX_BLOCKS = 8192  # grid-stride loop beyond this
 DQ_BULK = 1  # dQ into its accumulator: 1 one bulk reduce-add per tile (-D DQ_BULK), 0 float4 atomics per thread
 # The schedule's switches (-D of the same names, 0 or 1 each, any mix; the gradients are the same bits): EARLY_P starts
 # P^T's exponentials once S^T alone has completed, EARLY_KV issues dV and dK before the dS barrier, DQ_FIRST waits for
-# dQ_part first and adds it while dK, dV still run. Read per call, like DQ_BULK; not measured yet (notes page).
-EARLY_P = 0
+# dQ_part first and adds it while dK, dV still run. Read per call, like DQ_BULK. EARLY_P with DQ_FIRST measured the
+# fastest of the eight mixes on an H100 (kernels/hopper/README.md, "The schedule"), so it is the default.
+EARLY_P = 1
 EARLY_KV = 0
-DQ_FIRST = 0
+DQ_FIRST = 1
 SCHEDULE_SWITCHES = ("EARLY_P", "EARLY_KV", "DQ_FIRST")
 
 DEFINES = defines_from(BLOCK_M_D64=BLOCK_M[64], BLOCK_M_D128=BLOCK_M[128], STAGES=STAGES, PRE_WARPS=PRE_WARPS)
 ORDER_DEFINES = {False: defines_from(DETERMINISTIC=0), True: defines_from(DETERMINISTIC=1)}
 # What tests/test_compile.py builds (for sm_80 .. sm_90, where the main kernels are stubs): the .cu defaults. The
 # deterministic, atomics and schedule builds are compiled for sm_90a by tests/test_hopper_attn_bwd_compile.py.
-NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False] + defines_from(DQ_BULK=DQ_BULK, EARLY_P=0, EARLY_KV=0, DQ_FIRST=0))]
+NVRTC_BUILDS = [((), DEFINES + ORDER_DEFINES[False] + defines_from(DQ_BULK=DQ_BULK, EARLY_P=EARLY_P, EARLY_KV=EARLY_KV,
+                                                                    DQ_FIRST=DQ_FIRST))]
 
 DTYPES = ("float16", "bfloat16")
 DTYPE_SET = dtype_set(DTYPES)
