@@ -1,9 +1,10 @@
-"""Compiling ahead: a test file's kernel builds start together, one thread per CPU core, when its first test runs.
+"""Work started ahead: a test file's kernel builds (or subprocesses) start together, one thread per CPU core, when
+its first test runs.
 
 NVRTC and nvcc run outside Python's lock, so in one pytest process a file of compile tests becomes about as fast as
-the machine has cores; each test then waits for its own build. The same goes for other work that waits on other
-processes (tests/test_context_parallel_cpu.py starts its groups of ranks this way). A test file declares what its selected tests will
-build and asks for each result by the same key:
+the machine has cores; each test then waits for its own build. The same holds for work that waits on other processes:
+the groups of ranks of tests/test_context_parallel_cpu.py, the simulated T4 runs, pip's dry runs. A test file
+declares what its selected tests will build and asks for each result by the same key:
 
     def _plan(item, tmp_path_factory):                 # item: each selected test of this file
         if item.originalname == "test_build_holds_its_kernels":
@@ -11,7 +12,7 @@ build and asks for each result by the same key:
             yield ("cubin", build), compile_one, (build,)
 
     AHEAD = Ahead(_plan)
-    compile_ahead = AHEAD.fixture()                    # module-scoped and autouse: starts the builds
+    start_ahead = AHEAD.fixture()                      # module-scoped and autouse: starts the builds
 
     def test_build_holds_its_kernels(build):
         data = AHEAD.result(("cubin", build), compile_one, build)   # compiled now if nothing started it
@@ -43,7 +44,7 @@ class Ahead:
         """The module-scoped autouse fixture that starts the builds of this file's selected tests."""
 
         @pytest.fixture(scope="module", autouse=True)
-        def compile_ahead(request, tmp_path_factory):
+        def start_ahead(request, tmp_path_factory):
             if hasattr(request.config, "workerinput"):  # a pytest-xdist worker
                 yield
                 return
@@ -62,4 +63,4 @@ class Ahead:
                 self.futures.clear()
                 pool.shutdown(wait=True)
 
-        return compile_ahead
+        return start_ahead

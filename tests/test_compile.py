@@ -122,7 +122,7 @@ def _plan(item, tmp_path_factory):
 
 
 AHEAD = Ahead(_plan)
-compile_ahead = AHEAD.fixture()
+start_ahead = AHEAD.fixture()
 
 
 def test_there_are_kernels():

@@ -54,7 +54,7 @@ def _plan(item, tmp_path_factory):
 
 
 AHEAD = Ahead(_plan)  # tests/ahead.py: the examples build together, a thread per core
-compile_ahead = AHEAD.fixture()
+start_ahead = AHEAD.fixture()
 
 
 @pytest.fixture(scope="session")

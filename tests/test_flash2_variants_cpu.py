@@ -48,7 +48,7 @@ def _plan(item, tmp_path_factory):
 
 
 AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
-compile_ahead = AHEAD.fixture()
+start_ahead = AHEAD.fixture()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -55,7 +55,7 @@ def _plan(item, tmp_path_factory):
 
 
 AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
-compile_ahead = AHEAD.fixture()
+start_ahead = AHEAD.fixture()
 
 
 def _compile(defines, arch=ARCH):
