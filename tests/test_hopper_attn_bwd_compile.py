@@ -225,8 +225,18 @@ def test_constants_agree_with_the_kernel():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("det,bulk,sched", [(0, 1, s) for s in SCHEDULES] + [(1, 1, (0, 0, 0)), (0, 0, (0, 0, 0)),
-                                              (1, 1, (1, 1, 1)), (0, 0, (1, 1, 1))])
+def _nvcc_cases():
+    """nvcc builds: the launcher's schedule in the bulk, deterministic and atomics builds, and all switches off; the
+    other mixes (which the NVRTC builds above check in full) under --full-grid."""
+    default = tuple(B.schedule()[n] for n in B.SCHEDULE_SWITCHES)
+    cases = [(0, 1, s) for s in SCHEDULES] + [(1, 1, (0, 0, 0)), (0, 0, (0, 0, 0)), (1, 1, (1, 1, 1)), (0, 0, (1, 1, 1)),
+                                               (1, 1, default), (0, 0, default)]
+    for det, bulk, sched in dict.fromkeys(cases):
+        main = sched == default or (det, bulk, sched) == (0, 1, (0, 0, 0))
+        yield pytest.param(det, bulk, sched, marks=() if main else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("det,bulk,sched", list(_nvcc_cases()))
 def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
     cmd, res = AHEAD.result(("nvcc", (det, bulk, sched)), _nvcc_build, det, bulk, sched, tmp_path)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
