@@ -37,7 +37,7 @@ class Ahead:
 
     def result(self, key, function, *args):
         """function(*args), from the build started ahead under `key` where there is one (its exception re-raised)."""
-        future = self.futures.pop(key, None)
+        future = self.futures.get(key)  # kept until the file's last test: several tests may ask for one build
         return future.result() if future is not None else function(*args)
 
     def fixture(self):

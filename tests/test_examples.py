@@ -46,14 +46,45 @@ def _build_or_error(example: Path, out: Path):
         return e
 
 
+def _arch_skip_reason(example: Path) -> str | None:
+    """Why this GPU cannot run the example as its documented line builds it, or None."""
+    import kernels
+
+    major, minor = kernels.device_compute_capability()
+    line = " ".join(nvcc_line(example))
+    arch = re.search(r"(?:-arch=sm_|code=sm_)(\d+)(a?)", line)
+    if arch and (int(arch.group(1)) > 10 * major + minor or (arch.group(2) and int(arch.group(1)) != 10 * major + minor)):
+        return f"{example.name} is built for sm_{arch.group(1)}{arch.group(2)}; this GPU is sm_{major}{minor}"
+    return None
+
+
+def _run(exe: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([os.fspath(exe)], capture_output=True, text=True, timeout=120)
+
+
+def _build_then_run(example: Path, out: Path):
+    """The example's run (or its build's error), once its build (started ahead under the same example) is done."""
+    exe = AHEAD.result(("build", example), _build_or_error, example, out)
+    return exe if isinstance(exe, AssertionError) else _run(exe)
+
+
 def _plan(item, tmp_path_factory):
+    """Every example builds at once, and where this GPU can run one, it runs as soon as it is built (the programs are
+    small; running them side by side on one GPU changes nothing they check)."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
-    if "example" in params and shutil.which("nvcc"):
-        example = params["example"]
-        yield example, _build_or_error, (example, tmp_path_factory.mktemp("examples") / example.stem)
+    if "example" not in params or not shutil.which("nvcc"):
+        return
+    import kernels
+
+    example = params["example"]
+    out = tmp_path_factory.mktemp("examples") / example.stem
+    if item.originalname == "test_example_builds_with_its_documented_line":
+        yield ("build", example), _build_or_error, (example, out)
+    elif kernels.gpu_unavailable_reason() is None and _arch_skip_reason(example) is None:
+        yield ("run", example), _build_then_run, (example, out)
 
 
-AHEAD = Ahead(_plan)  # tests/ahead.py: the examples build together, a thread per core
+AHEAD = Ahead(_plan)  # tests/ahead.py
 start_ahead = AHEAD.fixture()
 
 
@@ -65,7 +96,7 @@ def built(tmp_path_factory):
 
     def get(example: Path) -> Path:
         if example not in results:
-            results[example] = AHEAD.result(example, _build_or_error, example,
+            results[example] = AHEAD.result(("build", example), _build_or_error, example,
                                              tmp_path_factory.mktemp("examples") / example.stem)
         if isinstance(results[example], AssertionError):
             raise results[example]
@@ -87,14 +118,10 @@ def test_example_builds_with_its_documented_line(example, built):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_on_the_gpu(example, built, gpu):
-    import kernels
-
-    major, minor = kernels.device_compute_capability()
-    line = " ".join(nvcc_line(example))
-    arch = re.search(r"(?:-arch=sm_|code=sm_)(\d+)(a?)", line)
-    if arch and (int(arch.group(1)) > 10 * major + minor or (arch.group(2) and int(arch.group(1)) != 10 * major + minor)):
-        pytest.skip(f"{example.name} is built for sm_{arch.group(1)}{arch.group(2)}; this GPU is sm_{major}{minor}")
+    reason = _arch_skip_reason(example)
+    if reason is not None:
+        pytest.skip(reason)
     exe = built(example)
-    res = subprocess.run([os.fspath(exe)], capture_output=True, text=True, timeout=120)
+    res = AHEAD.result(("run", example), _run, exe)
     assert res.returncode == 0, f"{example.name} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
     assert re.search(r"\bok\b", res.stdout), res.stdout
