@@ -32,12 +32,16 @@ def attention_probabilities(q, k, *, causal=False, scale=None):
     return np.where(seen, p / np.where(seen, l, 1.0), 0.0)
 
 
-def attention_backward(q, k, v, do, *, causal=False, scale=None):
-    """(dq, dk, dv) in float64: the gradients of sum(attention(q, k, v) * do) with respect to q, k and v."""
+def attention_backward(q, k, v, do, *, causal=False, scale=None, dlse=None):
+    """(dq, dk, dv) in float64: the gradients of sum(attention(q, k, v) * do) with respect to q, k and v; with dlse
+    (B, H, Tq), of sum(attention(...) * do) + sum(lse * dlse) over the rows that see a key (d lse_i / d s_ij = P_ij,
+    which is dS += P dlse, or delta - dlse in place of delta)."""
     q, k, v, do = _as64(q, k, v, do)
     _check_shapes(q, k, v)
     if do.shape != q.shape:
         raise ValueError(f"do must have q's shape {q.shape}; got {do.shape}")
+    if dlse is not None and np.shape(dlse) != q.shape[:3]:
+        raise ValueError(f"dlse must have shape {q.shape[:3]}; got {np.shape(dlse)}")
     d = q.shape[-1]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     p = attention_probabilities(q, k, causal=causal, scale=scale)
@@ -45,6 +49,8 @@ def attention_backward(q, k, v, do, *, causal=False, scale=None):
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)
     delta = (do * o).sum(axis=-1, keepdims=True)
+    if dlse is not None:
+        delta = delta - np.asarray(dlse, dtype=np.float64)[..., None]
     ds = p * (dp - delta)
     dq = scale * (ds @ k)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)

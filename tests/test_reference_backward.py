@@ -12,6 +12,11 @@ SHAPES = [  # (Tq, Tk): square, more keys than queries, more queries than keys (
 
 def numeric_grads(f, q, k, v, do, eps=1e-6):
     """d sum(f(q, k, v) * do) / d x for x in q, k, v, by central differences, one entry at a time."""
+    return numeric_grads_of(lambda *a: (f(*a) * do).sum(), q, k, v, eps)
+
+
+def numeric_grads_of(loss, q, k, v, eps=1e-6):
+    """d loss(q, k, v) / d x for x in q, k, v, by central differences, one entry at a time."""
     grads = []
     for which in range(3):
         args = [q.copy(), k.copy(), v.copy()]
@@ -20,9 +25,9 @@ def numeric_grads(f, q, k, v, do, eps=1e-6):
         for idx in np.ndindex(x.shape):
             old = x[idx]
             x[idx] = old + eps
-            up = (f(*args) * do).sum()
+            up = loss(*args)
             x[idx] = old - eps
-            down = (f(*args) * do).sum()
+            down = loss(*args)
             x[idx] = old
             g[idx] = (up - down) / (2 * eps)
         grads.append(g)
@@ -41,6 +46,25 @@ def test_backward_matches_finite_differences(Tq, Tk, causal, scale):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize("Tq,Tk", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_lse_gradient_matches_finite_differences(Tq, Tk, causal):
+    """With dlse, the gradients of sum(o * do) + sum(lse * dlse), the sum over the rows that see a key."""
+    rng = np.random.default_rng(Tq * 10 + Tk + 1)
+    q, k, v = (rng.standard_normal((1, 2, T, 4)) for T in (Tq, Tk, Tk))
+    do, dlse = rng.standard_normal(q.shape), rng.standard_normal(q.shape[:3])
+
+    def loss(q, k, v):
+        o, lse = R.attention(q, k, v, causal=causal, scale=0.3, return_lse=True)
+        return (o * do).sum() + np.where(np.isfinite(lse), lse * dlse, 0.0).sum()
+
+    got = R.attention_backward(q, k, v, do, causal=causal, scale=0.3, dlse=dlse)
+    for name, g, w in zip(("dq", "dk", "dv"), got, numeric_grads_of(loss, q, k, v)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-8, err_msg=name)
+    with pytest.raises(ValueError, match="dlse must have shape"):
+        R.attention_backward(q, k, v, do, dlse=dlse[:, :1])
 
 
 def test_rows_that_see_no_key_have_zero_gradients():
