@@ -144,23 +144,29 @@ def test_variant_kernel_without_options_gives_the_dense_bits(gpu, poison, dtype,
     assert bool((a[1].view(cp.uint32) == b[1].view(cp.uint32)).all()), "lse differs"
 
 
+def assert_bad_variant_arrays_raise(cp, forward):
+    """forward (a variant launcher) raises the clear error for ids given as NumPy or int64, slopes of the wrong
+    length, Hq % Hkv != 0 and a negative window (the checks both variant kernels share)."""
+    dev, _ = _inputs(cp, "float16", 2, 4, 2, 64, 64, 64, 1.0, seed=0)
+    ids = _docs(2, [32, 32])
+    with pytest.raises(TypeError, match=r"doc_ids_q must be a cupy\.ndarray"):
+        forward(*dev, doc_ids_q=ids)
+    with pytest.raises(TypeError, match=r"doc_ids_q has dtype int64"):
+        forward(*dev, doc_ids_q=cp.asarray(ids.astype(np.int64)))
+    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(Hq,\)"):
+        forward(*dev, alibi_slopes=cp.ones(2, dtype=cp.float32))
+    with pytest.raises(ValueError, match=r"Hq % Hkv == 0"):
+        forward(dev[0], dev[1][:, :1].copy().repeat(3, axis=1), dev[2][:, :1].copy().repeat(3, axis=1))
+    with pytest.raises(ValueError, match=r"window left must be >= 0"):
+        forward(*dev, window=(-1, 0))
+
+
 def test_bad_arrays_on_the_gpu(gpu):
     """The arrays are checked on the call path too: NumPy ids, ids of the wrong dtype, slopes of the wrong length."""
     from kernels.flash import flash2_mma
 
     cp = gpu
-    dev, _ = _inputs(cp, "float16", 2, 4, 2, 64, 64, 64, 1.0, seed=0)
-    ids = _docs(2, [32, 32])
-    with pytest.raises(TypeError, match=r"doc_ids_q must be a cupy\.ndarray"):
-        flash2_mma.forward(*dev, doc_ids_q=ids)
-    with pytest.raises(TypeError, match=r"doc_ids_q has dtype int64"):
-        flash2_mma.forward(*dev, doc_ids_q=cp.asarray(ids.astype(np.int64)))
-    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(Hq,\)"):
-        flash2_mma.forward(*dev, alibi_slopes=cp.ones(2, dtype=cp.float32))
-    with pytest.raises(ValueError, match=r"Hq % Hkv == 0"):
-        flash2_mma.forward(dev[0], dev[1][:, :1].copy().repeat(3, axis=1), dev[2][:, :1].copy().repeat(3, axis=1))
-    with pytest.raises(ValueError, match=r"window left must be >= 0"):
-        flash2_mma.forward(*dev, window=(-1, 0))
+    assert_bad_variant_arrays_raise(cp, flash2_mma.forward)
     with pytest.raises(ValueError, match=r"d=256.*d <= 128"):
         big = cp.zeros((1, 2, 16, 256), dtype=cp.float16)
         flash2_mma.forward(big, big, big, softcap=30.0)

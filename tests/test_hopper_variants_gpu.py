@@ -16,7 +16,7 @@ import pytest
 import kernels
 from reference.variants import attention_variant
 from test_flash2_variants_gpu import CASES as FLASH2_CASES
-from test_flash2_variants_gpu import _docs, _inputs, _options
+from test_flash2_variants_gpu import _inputs, _options, assert_bad_variant_arrays_raise
 
 DTYPES = ["float16", "bfloat16"]
 HEAD_DIMS = [64, 128]
@@ -89,18 +89,7 @@ def test_bad_inputs_are_clear_errors(hopper):
     from kernels.hopper import hopper_attn as A
 
     cp = hopper
-    dev, _ = _inputs(cp, "float16", 2, 4, 2, 64, 64, 64, 1.0, seed=0)
-    ids = _docs(2, [32, 32])
-    with pytest.raises(TypeError, match=r"doc_ids_q must be a cupy\.ndarray"):
-        A.forward(*dev, doc_ids_q=ids)
-    with pytest.raises(TypeError, match=r"doc_ids_q has dtype int64"):
-        A.forward(*dev, doc_ids_q=cp.asarray(ids.astype(np.int64)))
-    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(Hq,\)"):
-        A.forward(*dev, alibi_slopes=cp.ones(2, dtype=cp.float32))
-    with pytest.raises(ValueError, match=r"Hq % Hkv == 0"):
-        A.forward(dev[0], dev[1][:, :1].copy().repeat(3, axis=1), dev[2][:, :1].copy().repeat(3, axis=1))
-    with pytest.raises(ValueError, match=r"window left must be >= 0"):
-        A.forward(*dev, window=(-1, 0))
+    assert_bad_variant_arrays_raise(cp, A.forward)
     with pytest.raises(ValueError, match=r"head dimension d=96 is not supported"):
         x = cp.zeros((1, 2, 16, 96), dtype=cp.float16)
         A.forward(x, x[:, :1].copy(), x[:, :1].copy(), softcap=30.0)
