@@ -28,7 +28,7 @@ from ahead import Ahead
 
 from kernels import core
 from kernels.hopper import hopper_attn as A
-from test_hopper_compile import _nvrtc_available, _per_function, _run
+from test_hopper_compile import _nvrtc_available, _per_function, _run, cubin_file
 from test_hopper_compile import cuobjdump, sass  # noqa: F401 (fixtures: disassembly of this module's cubin)
 
 ARCH = "sm_90a"
@@ -75,13 +75,7 @@ start_ahead = AHEAD.fixture()
 
 @pytest.fixture(scope="module")
 def cubin(tmp_path_factory, build):
-    if not _nvrtc_available():
-        pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    data, log = AHEAD.result(build, _nvrtc_build, build)
-    assert "warning" not in log.lower(), f"{A.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
-    path = tmp_path_factory.mktemp("hopper_attn") / "hopper_attn_sm_90a.cubin"
-    path.write_bytes(data)
-    return path
+    return cubin_file(tmp_path_factory, A.KERNEL_FILE, lambda: AHEAD.result(build, _nvrtc_build, build))
 
 
 @pytest.mark.parametrize("key", sorted(A.KERNEL_NAMES), ids=lambda k: f"{k[0]}-d{k[1]}")

@@ -54,16 +54,24 @@ def _nvrtc_available():
         return False
 
 
-@pytest.fixture(scope="module")
-def cubin(tmp_path_factory):
+def cubin_file(tmp_path_factory, kernel_file: str, build) -> Path:
+    """The CUBIN of one sm_90a build, written to a temporary file for cuobjdump: build() gives (data, NVRTC's log),
+    which must have no warning. Skips where NVRTC is not installed."""
     if not _nvrtc_available():
         pytest.skip("NVRTC is not installed (pip install cuda-bindings nvidia-cuda-nvrtc)")
-    source = core.kernel_path(H.KERNEL_FILE).read_text()
-    data, log = core.compile_cubin(source, H.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + H.DEFINES)
-    assert "warning" not in log.lower(), f"{H.KERNEL_FILE} ({ARCH}) compiles with warnings:\n{log}"
-    path = tmp_path_factory.mktemp("hopper") / "hopper_gemm_sm_90a.cubin"
+    data, log = build()
+    assert "warning" not in log.lower(), f"{kernel_file} ({ARCH}) compiles with warnings:\n{log}"
+    stem = kernel_file.removesuffix(".cu")
+    path = tmp_path_factory.mktemp(stem) / f"{stem}_{ARCH}.cubin"
     path.write_bytes(data)
     return path
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory):
+    source = core.kernel_path(H.KERNEL_FILE).read_text()
+    return cubin_file(tmp_path_factory, H.KERNEL_FILE,
+                      lambda: core.compile_cubin(source, H.KERNEL_FILE, ARCH, core.NVRTC_OPTIONS + H.DEFINES))
 
 
 @pytest.fixture(scope="module")
