@@ -545,6 +545,17 @@ def _class_kernel():
     return get_kernel(KERNEL_FILE, CLASS_KERNEL_NAME, defines=CLASS_DEFINES)
 
 
+def doc_classes(doc_ids_q, doc_ids_k, B: int, Tq: int, Tk: int, br: int, bc: int):
+    """The class of every (query tile of br rows, key tile of bc keys) of each batch entry under document masking, by
+    flash2_mma_doc_classes: a (B, ceil(Tq / br), ceil(Tk / bc)) int8 CuPy array of EMPTY (0), FULL (1) and PARTIAL (2).
+    The ids must have passed check_variant_arrays; the backward (flash2_mma_bwd.py) calls it with its own tiles."""
+    n_qt = ceil_div(Tq, br)
+    classes = cp.empty((B, n_qt, ceil_div(Tk, bc)), dtype=cp.int8)
+    _class_kernel()((n_qt, B), (CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
+                                                  np.int32(br), np.int32(bc)))
+    return classes
+
+
 _VCALLS = launch_cache()  # (qkv_key, options) -> what _prepare_variants returned
 
 
@@ -603,10 +614,8 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, til
     lse = cp.empty(lse_shape, dtype=cp.float32) if return_lse else None
     classes = None
     if classes_shape is not None:
-        _, n_qt, n_kt, br, bc = classes_shape
-        classes = cp.empty((B, n_qt, n_kt), dtype=cp.int8)
-        _class_kernel()((n_qt, B), (CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq),
-                                                      np.int32(k.shape[2]), np.int32(br), np.int32(bc)))
+        _, _, _, br, bc = classes_shape
+        classes = doc_classes(doc_ids_q, doc_ids_k, B, Tq, k.shape[2], br, bc)
     ptr = (lambda x: 0 if x is None else x.data.ptr)
     launch(cp.cuda.get_current_stream().ptr, q.data.ptr, k.data.ptr, v.data.ptr, o.data.ptr, ptr(lse),
            ptr(doc_ids_q), ptr(doc_ids_k), ptr(classes), ptr(alibi_slopes))

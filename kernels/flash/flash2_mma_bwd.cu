@@ -6,7 +6,10 @@
 //   masking is bottom-right aligned as in the forward: query i sees key j when j <= i + Tk - Tq. A query row that sees
 //   no key (lse = -inf) has P = 0: its dQ row is 0 and it adds nothing to dK or dV. Optionally the gradient of the lse
 //   output too (dlse): d lse_i / d S_ij = P_ij, so it only shifts the row term (delta_i becomes delta_i - dlse_i).
-//   Notebook 12 teaches it.
+//   Notebook 12 teaches it. flash2_bwd_variants differentiates flash2_mma.cu's flash2_mma_variants (grouped-query heads,
+//   window, prefix, document ids, softcap, ALiBi; reference/variants.py): its query tiles are the forward's key tiles
+//   read along the other axis (EMPTY skipped, FULL without mask code); through the cap dS_raw = dS (1 - t^2).
+//   Grouped heads: each query head's dK, dV in float32, summed by flash2_bwd_reduce_heads (no atomics, reproducible).
 //
 // The math (per head; S = scale Q K^T masked, P = softmax(S) by rows, O = P V; reference/backward.py)
 //   dV = P^T dO      dP = dO V^T      dS = P * (dP - delta),  delta_i = sum_c dO_ic O_ic      dQ = scale dS K
@@ -42,6 +45,7 @@
 //               2 (D + 8)(2 BC + 4 BR) + 2 BC (BR + 8) + 16 BR bytes (above 48 KB: cudaFuncSetAttribute first).
 //               Default builds: NWARPS = 8 (BC = 128), BR = 128 at D <= 64 and 64 at D = 96, 128, MIN_BLOCKS = 1
 //   convert     grid = min(ceil(B H Tq d / 2 / 256), 8192), block = 256 (a grid-stride loop)
+//   variants    as main with H = Hq; then, with grouped heads, reduce twice (dK, dV) as convert, over B Hkv Tk d / 2
 //
 // Kernels (u16: the bits of float16, BF16 = false, or bfloat16, BF16 = true)
 //   template <bool BF16> flash2_bwd_preprocess(const u16* o, const u16* dout, const float* lse, const float* dlse,
@@ -51,6 +55,12 @@
 //       int Tq, int Tk, int d, float scale, int causal)
 //   template <bool BF16> flash2_bwd_convert(const float* dq_acc, u16* dq, long long pairs, float scale)
 //                                                                                pairs = B H Tq d / 2
+//   template <..., bool BF16, int MODS> flash2_bwd_variants(q, k, v, dout, lse2, delta, dq_acc, dk, dv,
+//       float* dkv_part, const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes,
+//       int Tq, int Tk, int d, float scale, int Hq, int group, int left, int right, int prefix, float cap_in,
+//       float cap_out): MODS and the rest as flash2_mma_variants takes them; dkv_part null when group == 1 (see there)
+//   template <bool BF16> flash2_bwd_reduce_heads(const float* part, u16* out, long long pairs, long long head_pairs,
+//       int group, float scale)                                      pairs = B Hkv Tk d / 2, head_pairs = Tk d / 2
 //   scale: the softmax scale itself (> 0; the forward takes scale log2 e instead). D: the head-dim build (32, 64, 96
 //   or 128), a capacity; d <= D is the length. causal: 0 or 1. -D switches, defaults as the launcher passes them:
 //   SMEM_PAD 8, PRE_WARPS 4.
@@ -60,6 +70,7 @@
 //   nvcc -std=c++17 -arch=sm_80 -I kernels -c kernels/flash/flash2_mma_bwd.cu -o flash2_mma_bwd.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
 //     "flash2_bwd_preprocess<false>" "flash2_bwd_main<64, 128, 8, 1, false>" "flash2_bwd_convert<false>"
+//     "flash2_bwd_variants<64, 128, 8, 1, false, 7>" "flash2_bwd_reduce_heads<false>"
 //
 // Limits (checked by the launcher): d % 8 == 0 and d <= D; columns d..D-1 zero-filled, never written; any Tq, Tk >= 1
 //   (rows past the end zero-filled, masked, not stored); the 16-bit tensors 16-byte aligned; dq_acc 16-byte aligned for
@@ -529,6 +540,332 @@ flash2_bwd_main(const u16* __restrict__ q, const u16* __restrict__ k, const u16*
     store_dk_dv<D, BF16>(dk, dv, k_base, acc_dk, acc_dv, k0 + warp * MMA_M + g, Tk, d, scale);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The variants (flash2_bwd_variants): the gradients of flash2_mma.cu's flash2_mma_variants, with its mask, tile classes
+// and score modifiers mirrored here (a kernel file includes only kernels/ptx/). MODS: MOD_DOCS + MOD_SOFTCAP +
+// MOD_ALIBI, the switches of one build, as in the forward; the dense kernel above has none of this code.
+//   query_tiles     the query tiles a block of keys meets: the forward's key_tiles, read along the other axis
+//   variant_p       P^T from the forward's logits (scale, softcap, ALiBi), the mask on PARTIAL tiles only
+//   variant_query_tile  one query tile: the dense kernel's loop body with variant_p, FULL tiles without mask code
+// ---------------------------------------------------------------------------------------------------------
+enum : int { MOD_DOCS = 1, MOD_SOFTCAP = 2, MOD_ALIBI = 4, MOD_ALL = 7 };  // flash2_mma.cu's MOD_ flags
+enum : int { TILE_EMPTY = 0, TILE_FULL = 1, TILE_PARTIAL = 2 };        // the classes of reference/variants.py
+
+// Query i sits at c = i + Tk - Tq among the keys and sees key j < Tk when (c - left <= j <= c + right or j < prefix)
+// and, with MOD_DOCS, doc_q[i] == doc_k[j] (causal folded into right, an unbounded side Tq + Tk: flash2_mma.cu).
+struct VariantArgs {
+    int left = 0, right = 0, prefix = 0;
+    const int* doc_q = nullptr;            // this batch entry's Tq query ids and Tk key ids (MOD_DOCS)
+    const int* doc_k = nullptr;
+    const signed char* classes = nullptr;  // this (batch entry, key tile)'s class of query tile i: classes[i * stride]
+    int stride = 0;                        // key tiles per query tile in the class array
+    float cap_in = 0.f, cap_out = 0.f;     // softcap: logit = cap_out tanh(s cap_in), cap_in = scale / softcap,
+                                           // cap_out = softcap log2 e
+    const float* slope = nullptr;          // ALiBi: this query head's slope (natural-log units)
+};
+
+// The query tiles one block (keys [k0, k0 + BC)) meets, in order, EMPTY ones (MOD_DOCS) skipped: all of them when the
+// block holds a prefix key; else those holding a row whose band [c - left, c + right] reaches the block's keys. A tile
+// is FULL when each key of the block is < Tk and seen by every row of the tile (the forward's KeyTiles::full) and its
+// class says FULL.
+template <int BR, int BC, int MODS>
+struct QueryTiles {
+    int first, end, k0, Tq, diag;
+    const VariantArgs* va;
+    DEVICE int after(int i) const {  // the next tile after i, EMPTY ones skipped
+        do ++i;
+        while ((MODS & MOD_DOCS) != 0 && i < end && va->classes[i * va->stride] == TILE_EMPTY);
+        return i;
+    }
+    DEVICE bool full(int i, int Tk) const {
+        const int k1 = k0 + BC - 1, c_first = i * BR + diag, c_last = min(i * BR + BR, Tq) - 1 + diag;
+        const int from = max(k0, va->prefix);  // keys from here on need the band of every row
+        const bool seen = k1 < Tk && (k1 < va->prefix || (c_last - va->left <= from && k1 <= c_first + va->right));
+        if constexpr ((MODS & MOD_DOCS) != 0) return seen && va->classes[i * va->stride] == TILE_FULL;
+        return seen;
+    }
+};
+
+template <int BR, int BC, int MODS>
+DEVICE QueryTiles<BR, BC, MODS> query_tiles(int k0, int Tq, int Tk, int diag, const VariantArgs& va) {
+    QueryTiles<BR, BC, MODS> qt{0, (Tq + BR - 1) / BR, k0, Tq, diag, &va};
+    if (k0 >= va.prefix) {  // no prefix key: the rows i with k0 - right <= i + diag <= k_last + left
+        const int lo = max(0, k0 - va.right - diag), hi = min(Tq - 1, min(k0 + BC, Tk) - 1 + va.left - diag);
+        qt.first = lo / BR;
+        qt.end = hi >= lo ? hi / BR + 1 : qt.first;
+    }
+    if ((MODS & MOD_DOCS) != 0 && qt.first < qt.end && va.classes[qt.first * va.stride] == TILE_EMPTY)
+        qt.first = qt.after(qt.first);
+    return qt;
+}
+
+// tanh as flash2_mma.cu computes it (1 - 2 / (e^2x + 1), ex2.approx and a fast divide), so the logits are its bits.
+DEVICE float tanh_exp2(float x) {
+    return 1.f - __fdividef(2.f, exp2_ftz(x * (2.f * LOG2E)) + 1.f);
+}
+
+// P^T = 2^(logit - lse2) in place of S^T = K Q_i^T (raw q.k; the warp's 16 keys x BR queries). The logit is the
+// forward's, op for op: scale log2 e, or cap_out tanh(s cap_in) (MOD_SOFTCAP); minus slope |j - c_i| (MOD_ALIBI);
+// -inf where the mask hides the pair (MASK: PARTIAL tiles). Without score modifiers the same FMA as recompute_p.
+// MOD_SOFTCAP: pt gets P^T in 16 bits (the A fragments of dV += P^T dO, as c_to_a packs them) and acc_s keeps
+// P^T (1 - t^2), t = tanh(s cap_in): the cap's derivative, so compute_ds yields dS_raw = dS (1 - t^2) directly.
+// key_g: the key of this lane's row g (row g + 8: key_g + 8); q0: the tile's first query; tl as in recompute_p.
+template <int BR, bool BF16, int MODS, bool MASK>
+DEVICE void variant_p(float (&acc_s)[BR / MMA_N][4], u32 (&pt)[BR / MMA_K][4], const float2* tl, int key_g, int q0,
+                      int Tq, int Tk, int diag, float scale_log2, const VariantArgs& va) {
+    constexpr bool SOFTCAP = (MODS & MOD_SOFTCAP) != 0, SCORE_MODS = (MODS & (MOD_SOFTCAP | MOD_ALIBI)) != 0;
+    const int t = threadIdx.x % 4;
+    // ALiBi's slope times log2 e, read here rather than held in a register across the loop (an L1 hit per tile)
+    const float slope = (MODS & MOD_ALIBI) != 0 ? __ldg(va.slope) * LOG2E : 0.f;
+    int q_lo[2], q_hi[2], key_doc[2];  // per key row: the queries whose band holds it; its document
+    bool key_in[2], key_pre[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = key_g + 8 * h;
+        q_lo[h] = key - va.right - diag;
+        q_hi[h] = key + va.left - diag;
+        key_in[h] = key < Tk;
+        key_pre[h] = key < va.prefix;
+        key_doc[h] = (MASK && (MODS & MOD_DOCS) != 0) ? __ldg(va.doc_k + min(key, Tk - 1)) : 0;
+    }
+#pragma unroll
+    for (int nt = 0; nt < BR / MMA_N; ++nt) {
+        const float2 l2 = tl[nt * (MMA_N / 2)];
+        const int qc = q0 + nt * MMA_N + 2 * t;  // this lane's first query of the n-tile
+        int q_doc[2] = {0, 0};
+        if constexpr (MASK && (MODS & MOD_DOCS) != 0)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) q_doc[e] = __ldg(va.doc_q + min(qc + e, Tq - 1));
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, query = qc + (e & 1);
+            float s = acc_s[nt][e], tc = 0.f;
+            if constexpr (SOFTCAP) {
+                tc = tanh_exp2(s * va.cap_in);
+                s = va.cap_out * tc;
+            } else if constexpr (SCORE_MODS) {
+                s *= scale_log2;
+            }
+            if constexpr ((MODS & MOD_ALIBI) != 0) s = fmaf(-slope, fabsf((float)(key_g + 8 * h - query - diag)), s);
+            if constexpr (MASK) {
+                bool seen = key_in[h] && (key_pre[h] || (q_lo[h] <= query && query <= q_hi[h]));
+                if constexpr ((MODS & MOD_DOCS) != 0) seen = seen && key_doc[h] == q_doc[e & 1];
+                if (!seen) s = NEG_INF;
+            }
+            const float l = (e & 1) ? l2.y : l2.x;
+            p[e] = SCORE_MODS ? exp2_ftz(s - l) : exp2_ftz(fmaf(s, scale_log2, -l));
+            acc_s[nt][e] = SOFTCAP ? p[e] * fmaf(-tc, tc, 1.f) : p[e];
+        }
+        if constexpr (SOFTCAP) {  // n-tile nt is half nt % 2 of k-step nt / 2 (c_to_a)
+            pt[nt / 2][2 * (nt % 2)] = pack2<BF16>(p[0], p[1]);
+            pt[nt / 2][2 * (nt % 2) + 1] = pack2<BF16>(p[2], p[3]);
+        }
+    }
+}
+
+// One query tile i of a variant block, as the whole block runs it: the dense kernel's loop body with variant_p in place
+// of recompute_p, its masked form where the tile is PARTIAL. (The whole body twice, FULL and PARTIAL, spilled.) n counts the tiles visited (the stage is n % 2); `next` is the tile
+// prefetched (none when next >= end). q_base, r_base: this query head's first element and row; k0: the block's first key.
+template <int D, int BR, int NWARPS, bool BF16, int MODS>
+DEVICE void variant_query_tile(float (&acc_dk)[D / MMA_N][4], float (&acc_dv)[D / MMA_N][4], int n, int i, int next,
+                               int end, bool partial, const u16* __restrict__ q, const u16* __restrict__ dout,
+                               const float* __restrict__ lse2, const float* __restrict__ delta,
+                               float* __restrict__ dq_acc, long long q_base, long long r_base, int k0, int Tq, int Tk,
+                               int d, float scale_log2, const VariantArgs& va) {
+    constexpr int NTHREADS = NWARPS * WARP_SIZE, BC = MMA_M * NWARPS, LD = D + SMEM_PAD, LDS = BR + SMEM_PAD;
+    constexpr int QM = BR / MMA_M, DN = D / (NWARPS / QM);
+    constexpr u32 TILE_Q = 2 * BR * LD;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 sK = smem_addr(smem_raw), sV = sK + 2 * BC * LD, sQ = sV + 2 * BC * LD, sdO = sQ + 2 * TILE_Q;
+    const u32 sdS = sdO + 2 * TILE_Q;
+    float* s_lse2 = reinterpret_cast<float*>(smem_raw + 2 * (2 * BC * LD + 4 * BR * LD + BC * LDS));
+    float* s_delta = s_lse2 + 2 * BR;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, t = lane % 4;
+    const int qm = warp % QM, dn0 = (warp / QM) * DN, stage = n & 1, q0 = i * BR;
+
+    cp_async_wait<0>();
+    __syncthreads();  // tile i (and lse2, delta) visible to all; every warp is done with the previous stage and sdS
+    float next_lse2 = POS_INF, next_delta = 0.f;
+    if (next < end) {  // tile `next` streams into the other stage while this one computes
+        load_query_tile<D, BR, NTHREADS>(sQ + (stage ^ 1) * TILE_Q, sdO + (stage ^ 1) * TILE_Q, q + q_base,
+                                         dout + q_base, next * BR, Tq, d);
+        cp_async_commit();
+        const int row = next * BR + threadIdx.x;
+        if (threadIdx.x < BR && row < Tq) {
+            next_lse2 = lse2[r_base + row];
+            next_delta = delta[r_base + row];
+        }
+    }
+    const u32 q_tile = sQ + stage * TILE_Q, do_tile = sdO + stage * TILE_Q;
+    const u32 a_off = 2 * ((warp * MMA_M + lane % 16) * LD + (lane / 16) * CHUNK);
+    const float2* tl = reinterpret_cast<const float2*>(s_lse2 + stage * BR) + t;
+    const float2* td = reinterpret_cast<const float2*>(s_delta + stage * BR) + t;
+
+    float acc_s[BR / MMA_N][4];
+    warp_abt<D, BR, LD, BF16>(acc_s, sK + a_off, q_tile);  // S^T = K Q^T
+    {
+        u32 pt[BR / MMA_K][4];
+        const int key_g = k0 + warp * MMA_M + lane / 4;
+        if (partial)  // the mask code runs on PARTIAL tiles only (a branch the whole block takes alike)
+            variant_p<BR, BF16, MODS, true>(acc_s, pt, tl, key_g, q0, Tq, Tk, Tk - Tq, scale_log2, va);
+        else
+            variant_p<BR, BF16, MODS, false>(acc_s, pt, tl, key_g, q0, Tq, Tk, Tk - Tq, scale_log2, va);
+        if constexpr ((MODS & MOD_SOFTCAP) != 0)
+            warp_ab_regs<BR, D, LD, BF16>(acc_dv, pt, do_tile);  // dV += P^T dO, P^T packed by variant_p
+        else
+            accumulate_dv<D, BR, BF16>(acc_dv, pt, acc_s, do_tile);
+    }
+    float acc_ds[BR / MMA_N][4];
+    compute_ds<D, BR, BF16>(acc_ds, acc_s, sV + a_off, do_tile, td);  // dS^T (times 1 - t^2 with MOD_SOFTCAP)
+    {
+        u32 dst[BR / MMA_K][4];
+        accumulate_dk<D, BR, BF16>(acc_dk, dst, acc_ds, q_tile, smem_raw + (sdS - sK));
+    }
+    __syncthreads();  // sdS holds every warp's keys
+    {
+        const u32 ds_lane = sdS + 2 * (((lane / 16) * 8 + lane % 8) * LDS + qm * MMA_M + ((lane / 8) % 2) * CHUNK);
+        const u32 kt_lane = sK + 2 * ((lane % 8 + ((lane / 8) % 2) * 8) * LD + dn0 + (lane / 16) * CHUNK);
+        float acc_q[DN / MMA_N][4];
+        accumulate_dq<D, BR, NWARPS, BF16>(acc_q, dq_acc, q_base, ds_lane, kt_lane, q0 + qm * MMA_M, dn0, Tq, d);
+    }
+    if (threadIdx.x < BR) {  // the next tile's lse2 and delta, into the stage no warp reads now
+        s_lse2[(stage ^ 1) * BR + threadIdx.x] = next_lse2;
+        s_delta[(stage ^ 1) * BR + threadIdx.x] = next_delta;
+    }
+}
+
+// Grouped heads: this query head's dK (unscaled) and dV in float32 (part_k, part_v: its (Tk, d) slices), which
+// flash2_bwd_reduce_heads sums over the group. key_g as in store_dk_dv.
+template <int D>
+DEVICE void store_dk_dv_partial(float* __restrict__ part_k, float* __restrict__ part_v,
+                                const float (&acc_dk)[D / MMA_N][4], const float (&acc_dv)[D / MMA_N][4], int key_g,
+                                int Tk, int d) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = key_g + 8 * h;
+        if (key < Tk) {
+#pragma unroll
+            for (int nt = 0; nt < D / MMA_N; ++nt) {
+                const int col = nt * MMA_N + 2 * t;
+                if (col < d) {
+                    const long long at = (long long)key * d + col;
+                    *reinterpret_cast<float2*>(part_k + at) = make_float2(acc_dk[nt][2 * h], acc_dk[nt][2 * h + 1]);
+                    *reinterpret_cast<float2*>(part_v + at) = make_float2(acc_dv[nt][2 * h], acc_dv[nt][2 * h + 1]);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel 2, variants: one block per (K/V tile, b, query head h), as flash2_bwd_main, over the query tiles of
+// query_tiles. q, o, dout (B, Hq, Tq, d); k, v, dk, dv (B, Hq / group, Tk, d): query head h reads kv head h / group.
+// group == 1: dk, dv written in 16 bits (dkv_part null). group > 1: dkv_part (2, B, Hq, Tk, d) float32 gets each query
+// head's dK (unscaled) and dV, summed by flash2_bwd_reduce_heads. doc_q (B, Tq), doc_k (B, Tk) and classes
+// (B, ceil(Tq / BR), ceil(Tk / BC)) from flash2_mma_doc_classes (MOD_DOCS, else null); alibi_slopes (Hq,) (MOD_ALIBI).
+// left, right, prefix, cap_in, cap_out: as flash2_mma_variants takes them.
+// ---------------------------------------------------------------------------------------------------------
+template <int D, int BR, int NWARPS, int MIN_BLOCKS, bool BF16, int MODS>
+__global__ void __launch_bounds__(NWARPS * WARP_SIZE, MIN_BLOCKS)
+flash2_bwd_variants(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+                    const u16* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ delta,
+                    float* __restrict__ dq_acc, u16* __restrict__ dk, u16* __restrict__ dv, float* __restrict__ dkv_part,
+                    const int* __restrict__ doc_q, const int* __restrict__ doc_k,
+                    const signed char* __restrict__ classes, const float* __restrict__ alibi_slopes, int Tq, int Tk,
+                    int d, float scale, int Hq, int group, int left, int right, int prefix, float cap_in,
+                    float cap_out) {
+    static_assert(MODS >= 0 && MODS <= MOD_ALL, "MODS is a sum of MOD_DOCS, MOD_SOFTCAP and MOD_ALIBI");
+    constexpr int NTHREADS = NWARPS * WARP_SIZE, BC = MMA_M * NWARPS, LD = D + SMEM_PAD, O_NT = D / MMA_N;
+    static_assert(D % MMA_K == 0 && D >= 32 && D <= 128 && BR % (2 * MMA_N) == 0 && BR >= 16 && NTHREADS >= BR &&
+                      NWARPS % (BR / MMA_M) == 0 && (D / (NWARPS / (BR / MMA_M))) % (2 * MMA_N) == 0,
+                  "the tiles of flash2_bwd_main");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 sK = smem_addr(smem_raw), sV = sK + 2 * BC * LD, sQ = sV + 2 * BC * LD, sdO = sQ + 2 * 2 * BR * LD;
+    float* s_lse2 = reinterpret_cast<float*>(smem_raw + 2 * (2 * BC * LD + 4 * BR * LD + BC * (BR + SMEM_PAD)));
+    float* s_delta = s_lse2 + 2 * BR;
+    // ---- this block: keys k0 .. k0 + BC - 1 of kv head h / group, for query head h of batch entry b ------------
+    const int bh = blockIdx.y, b = bh / Hq, h = bh % Hq, k0 = blockIdx.x * BC, diag = Tk - Tq;
+    const long long q_base = (long long)bh * Tq * d, r_base = (long long)bh * Tq;
+    const long long k_base = ((long long)b * (Hq / group) + h / group) * Tk * d;
+    VariantArgs va;
+    va.left = left;
+    va.right = right;
+    va.prefix = prefix;
+    if constexpr ((MODS & MOD_DOCS) != 0) {
+        va.doc_q = doc_q + (long long)b * Tq;
+        va.doc_k = doc_k + (long long)b * Tk;
+        va.classes = classes + (long long)b * ((Tq + BR - 1) / BR) * gridDim.x + blockIdx.x;
+        va.stride = gridDim.x;
+    }
+    va.cap_in = cap_in;
+    va.cap_out = cap_out;
+    if constexpr ((MODS & MOD_ALIBI) != 0) va.slope = alibi_slopes + h;
+    const QueryTiles<BR, BC, MODS> qt = query_tiles<BR, BC, MODS>(k0, Tq, Tk, diag, va);
+
+    // ---- K, V and the first query tile in flight -----------------------------------------------------------------
+    load_tile_async<BC, D, NTHREADS>(sK, k + k_base, k0, Tk, d);
+    load_tile_async<BC, D, NTHREADS>(sV, v + k_base, k0, Tk, d);
+    if (qt.first < qt.end) {
+        load_query_tile<D, BR, NTHREADS>(sQ, sdO, q + q_base, dout + q_base, qt.first * BR, Tq, d);
+        if (threadIdx.x < BR) {
+            const int row = qt.first * BR + threadIdx.x;
+            s_lse2[threadIdx.x] = row < Tq ? lse2[r_base + row] : POS_INF;  // a row past Tq: P = 0
+            s_delta[threadIdx.x] = row < Tq ? delta[r_base + row] : 0.f;
+        }
+    }
+    cp_async_commit();
+    float acc_dk[O_NT][4], acc_dv[O_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < O_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
+
+    // ---- the query tiles: FULL ones without mask code ------------------------------------------------------------
+    const float scale_log2 = scale * LOG2E;
+    int n = 0;  // tiles visited
+    for (int i = qt.first; i < qt.end; ++n) {
+        const int next = qt.after(i);
+        variant_query_tile<D, BR, NWARPS, BF16, MODS>(acc_dk, acc_dv, n, i, next, qt.end, !qt.full(i, Tk), q, dout,
+                                                      lse2, delta, dq_acc, q_base, r_base, k0, Tq, Tk, d, scale_log2,
+                                                      va);
+        i = next;
+    }
+    cp_async_wait<0>();  // nothing in flight at exit
+
+    // ---- dK, dV: 16 bits (group == 1), or this query head's float32 part -------------------------------------------
+    const int key_g = k0 + (threadIdx.x / WARP_SIZE) * MMA_M + (threadIdx.x % WARP_SIZE) / 4;
+    if (dkv_part == nullptr) {
+        store_dk_dv<D, BF16>(dk, dv, k_base, acc_dk, acc_dv, key_g, Tk, d, scale);
+    } else {
+        const long long part = (long long)bh * Tk * d, half = (long long)gridDim.y * Tk * d;
+        store_dk_dv_partial<D>(dkv_part + part, dkv_part + half + part, acc_dk, acc_dv, key_g, Tk, d);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Kernel 4 (grouped heads only): out (B, Hkv, Tk, d) = scale * the sum over its group of query heads of part
+// (B, Hq, Tk, d) float32, in 16 bits, two elements per thread: kv head x sums parts x group .. x group + group - 1.
+// pairs = B Hkv Tk d / 2, head_pairs = Tk d / 2. Called for dK (scale) and dV (1); the order of the sum is fixed.
+// ---------------------------------------------------------------------------------------------------------
+template <bool BF16>
+__global__ void flash2_bwd_reduce_heads(const float* __restrict__ part, u16* __restrict__ out, long long pairs,
+                                        long long head_pairs, int group, float scale) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pairs;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long kv = i / head_pairs;
+        const float2* src = reinterpret_cast<const float2*>(part) + (kv * group) * head_pairs + (i - kv * head_pairs);
+        float2 s = src[0];
+        for (int r = 1; r < group; ++r) {
+            const float2 x = src[r * head_pairs];
+            s.x += x.x;
+            s.y += x.y;
+        }
+        reinterpret_cast<u32*>(out)[i] = pack2<BF16>(s.x * scale, s.y * scale);
+    }
+}
+
 // ---- the builds the launcher uses by default (kernels/flash/flash2_mma_bwd.py: TILES), instantiated so that
 // `nvcc -c flash2_mma_bwd.cu` alone yields these kernels; NVRTC instantiates the launcher's builds by name.
 #ifndef __CUDACC_RTC__
@@ -550,4 +887,14 @@ template __global__ void flash2_bwd_preprocess<true>(const u16*, const u16*, con
                                                      float*, float*, long long, int);
 template __global__ void flash2_bwd_convert<false>(const float*, u16*, long long, float);
 template __global__ void flash2_bwd_convert<true>(const float*, u16*, long long, float);
+// the variant kernel: every switch at D = 64, none at D = 128 (the launcher compiles the others it needs)
+#define FLASH2_BWD_VARIANTS_INSTANTIATE(D, BR, NWARPS, MIN_BLOCKS, BF16, MODS)                                      \
+    template __global__ void flash2_bwd_variants<D, BR, NWARPS, MIN_BLOCKS, BF16, MODS>(                           \
+        const u16*, const u16*, const u16*, const u16*, const float*, const float*, float*, u16*, u16*, float*,    \
+        const int*, const int*, const signed char*, const float*, int, int, int, float, int, int, int, int, int,   \
+        float, float);
+FLASH2_BWD_VARIANTS_INSTANTIATE(64, 128, 8, 1, false, 7)
+FLASH2_BWD_VARIANTS_INSTANTIATE(128, 64, 8, 1, true, 0)
+template __global__ void flash2_bwd_reduce_heads<false>(const float*, u16*, long long, long long, int, float);
+template __global__ void flash2_bwd_reduce_heads<true>(const float*, u16*, long long, long long, int, float);
 #endif

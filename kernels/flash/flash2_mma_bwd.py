@@ -11,16 +11,28 @@ and why dQ goes through atomics.
 Outputs and the float32 workspace (workspace_elements(B, H, Tq, d) floats) may be passed in (dq=, dk=, dv=,
 workspace=), which is how kernels/pytorch/torch_ops.py has them come from PyTorch's caching allocator; otherwise they are
 allocated with CuPy.
+
+The variants of flash2_mma.forward (reference.variants.attention_variant_backward is their oracle), through the kernel
+flash2_bwd_variants, with the forward's options, checks and errors (flash2_mma.variant_spec, check_variant_arrays):
+
+    o, lse = flash2_mma.forward(q, k, v, causal=True, window=(1024, 0), softcap=30.0, return_lse=True)
+    dq, dk, dv = backward(q, k, v, o, lse, do, causal=True, window=(1024, 0), softcap=30.0)
+
+k, v may have Hkv heads (Hq % Hkv == 0): dk, dv then have k's shape, each query head's part summed in float32 by
+flash2_bwd_reduce_heads (a float32 scratch of 2 B Hq Tk d elements). Query tiles no row of which sees a key of a block
+are skipped, tiles every row sees in full run without mask code (the .cu's query_tiles).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .flash2_mma import raise_tile_problems
+from .flash2_mma import (_grouped, _validate_grouped, check_variant_arrays, doc_classes, raise_tile_problems,
+                         variant_spec)
 from ..core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_array, check_grid, cp,
                     current_device, defines_from, dtype_set, get_kernel, validate_attention)
 
@@ -107,6 +119,22 @@ def name_expressions(D: int, tile: BwdTile, dtype: str) -> tuple[str, str, str]:
 
 NVRTC_BUILDS = [(name_expressions(D, TILES[D], dt), DEFINES) for D in HEAD_DIMS for dt in DTYPES]
 
+# The variant kernel: one build per (D, tile, dtype, MODS), MODS a sum of flash2_mma's MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI.
+VARIANTS_NAME = "flash2_bwd_variants"
+REDUCE_NAME = "flash2_bwd_reduce_heads"
+
+
+def variant_name_expressions(D: int, tile: BwdTile, dtype: str, mods) -> tuple[str, ...]:
+    """(preprocess, the main kernel of each of `mods` (an int or several), convert, reduce): one NVRTC program."""
+    pre, main, convert = name_expressions(D, tile, dtype)
+    mains = tuple(main.replace(MAIN_NAME, VARIANTS_NAME)[:-1] + f", {m}>" for m in
+                  ((mods,) if isinstance(mods, int) else mods))
+    return (pre, *mains, convert, f"{REDUCE_NAME}<{_bf(dtype)}>")
+
+
+# every variant build of the default tiles: the eight MODS of one D and dtype in one NVRTC program
+NVRTC_BUILDS += [(variant_name_expressions(D, TILES[D], dt, range(8)), DEFINES) for D in HEAD_DIMS for dt in DTYPES]
+
 
 class Build(NamedTuple):
     pre: object
@@ -129,6 +157,19 @@ def build(D: int, tile: tuple | None, dtype: str) -> Build:
     return Build(pre, main, convert, tile, smem)
 
 
+@functools.lru_cache(maxsize=None)
+def variant_build(D: int, tile: tuple | None, dtype: str, mods: int) -> tuple:
+    """(Build of the variant kernel for MODS, the reduce kernel), compiled on first launch."""
+    tile = TILES[D] if tile is None else BwdTile(*tile)
+    tile.check(D)
+    exprs = variant_name_expressions(D, tile, dtype, mods)
+    smem = tile.smem_bytes(D)
+    pre, main, convert, reduce = (get_kernel(KERNEL_FILE, e, name_expressions=exprs, defines=DEFINES,
+                                             shared_mem=smem if e == exprs[1] else 0,
+                                             carveout=CARVEOUT_MAX_SHARED if e == exprs[1] else None) for e in exprs)
+    return Build(pre, main, convert, tile, smem), reduce
+
+
 def workspace_elements(B: int, H: int, Tq: int, d: int) -> int:
     """float32 elements of the workspace: the dQ accumulator (B H Tq d), then delta and lse2 (B H Tq each)."""
     return B * H * Tq * (d + 2)
@@ -143,22 +184,9 @@ def _check_like(x, name: str, like, dtypes, dev: int) -> None:
         raise ValueError(f"{name} starts at {x.data.ptr:#x}, not {ALIGN}-byte aligned (cp.async and 4-byte stores)")
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=None, dk=None, dv=None,
-             workspace=None, tile=None):
-    """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on tensor cores.
-
-    q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays of one dtype, d % 8
-    == 0 and d <= 128; lse (B, H, Tq) float32, natural log, as kernels.flash2_mma.forward(..., return_lse=True) gives
-    it (-inf for a row that sees no key). causal, scale: as in the forward (scale > 0; default 1/sqrt(d)).
-    dlse: optional float32 (B, H, Tq) gradient of the lse output (it adds -dlse to delta).
-    dq, dk, dv, workspace: optional preallocated outputs (q's / k's shape and dtype) and float32 workspace of
-    workspace_elements(B, H, Tq, d) elements; fully overwritten. tile: a BwdTile (or tuple) instead of TILES[D].
-    """
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
-                                                what=WHAT, scale=scale, align=ALIGN)
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0 for {WHAT} (as in the forward); got {scale}")
-    dev = current_device()
+def _outputs(q, k, v, o, lse, do, dlse, dq, dk, dv, workspace, B, H, Tq, d, dev):
+    """The checks of o, lse, do, dlse and of the outputs and workspace passed in (allocated when not); returns
+    (dq, dk, dv, dq_acc, delta, lse2), the last three views of the workspace."""
     same = dtype_set((q.dtype.name,))
     _check_like(o, "o", q, same, dev)
     _check_like(do, "do", q, same, dev)
@@ -184,8 +212,35 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=Non
     rows = B * H * Tq
     # the dQ accumulator first: at the workspace's 16-byte aligned start, its rows (d % 8 == 0 floats) stay
     # 16-byte aligned for the main kernel's float4 reductions
-    dq_acc, delta, lse2 = workspace[:rows * d], workspace[rows * d:rows * (d + 1)], workspace[rows * (d + 1):need]
+    return dq, dk, dv, workspace[:rows * d], workspace[rows * d:rows * (d + 1)], workspace[rows * (d + 1):need]
 
+
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=None, dk=None, dv=None,
+             workspace=None, tile=None, window=None, prefix=None, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None,
+             softcap=None):
+    """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on tensor cores.
+
+    q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays of one dtype, d % 8
+    == 0 and d <= 128; lse (B, H, Tq) float32, natural log, as kernels.flash2_mma.forward(..., return_lse=True) gives
+    it (-inf for a row that sees no key). causal, scale: as in the forward (scale > 0; default 1/sqrt(d)).
+    dlse: optional float32 (B, H, Tq) gradient of the lse output (it adds -dlse to delta).
+    dq, dk, dv, workspace: optional preallocated outputs (q's / k's shape and dtype) and float32 workspace of
+    workspace_elements(B, H, Tq, d) elements; fully overwritten. tile: a BwdTile (or tuple) instead of TILES[D].
+    window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
+    kernel (backward_variants), given the same options as the forward that made o and lse.
+    """
+    if (window is not None or prefix is not None or doc_ids_q is not None or doc_ids_k is not None
+            or alibi_slopes is not None or softcap is not None or _grouped(q, k)):
+        return backward_variants(q, k, v, o, lse, do, causal=causal, scale=scale, dlse=dlse, dq=dq, dk=dk, dv=dv,
+                                 workspace=workspace, tile=tile, window=window, prefix=prefix, doc_ids_q=doc_ids_q,
+                                 doc_ids_k=doc_ids_k, alibi_slopes=alibi_slopes, softcap=softcap)
+    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
+                                                what=WHAT, scale=scale, align=ALIGN)
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0 for {WHAT} (as in the forward); got {scale}")
+    dev = current_device()
+    dq, dk, dv, dq_acc, delta, lse2 = _outputs(q, k, v, o, lse, do, dlse, dq, dk, dv, workspace, B, H, Tq, d, dev)
+    rows = B * H * Tq
     dtype = DTYPE_NAMES[q.dtype]
     D = BUILD_FOR[d]
     b = build(D, None if tile is None else tuple(tile), dtype)
@@ -200,6 +255,56 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=Non
     pairs = rows * d // 2
     b.convert((min(ceil_div(pairs, CONVERT_BLOCK), CONVERT_MAX_BLOCKS),), (CONVERT_BLOCK,),
               (dq_acc, dq, np.int64(pairs), np.float32(scale)))
+    return dq, dk, dv
+
+
+def backward_variants(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=None, dq=None, dk=None, dv=None,
+                      workspace=None, tile=None, window=None, prefix=None, doc_ids_q=None, doc_ids_k=None,
+                      alibi_slopes=None, softcap=None):
+    """reference.variants.attention_variant_backward on tensor cores: q, o, do (B, Hq, Tq, d), k and v (B, Hkv, Tk, d)
+    with Hq % Hkv == 0; lse (B, Hq, Tq) from flash2_mma.forward with the same options (see the module's docstring).
+    Returns dq (q's shape) and dk, dv (k's shape, summed over each kv head's query heads). The other arguments as
+    backward() takes them; the workspace is workspace_elements(B, Hq, Tq, d) floats. With document ids a small kernel
+    classifies the tiles first; with Hq > Hkv a float32 scratch holds each query head's dK and dV until the reduce."""
+    dev = current_device()
+    if _grouped(q, k):
+        B, H, _, Tq, Tk, d = _validate_grouped(q, k, v, dev)
+    else:  # the same heads (or a shape validate_attention rejects with the precise error)
+        B, H, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
+                                                what=WHAT, align=ALIGN)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for {WHAT} (as in the forward); got {scale}")
+    docs = doc_ids_q is not None or doc_ids_k is not None
+    spec = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
+                        docs=docs, alibi=alibi_slopes is not None)
+    doc_ids_q, doc_ids_k = check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B, H, Tq, Tk, dev)
+    dq, dk, dv, dq_acc, delta, lse2 = _outputs(q, k, v, o, lse, do, dlse, dq, dk, dv, workspace, B, H, Tq, d, dev)
+    rows = B * H * Tq
+    b, reduce = variant_build(BUILD_FOR[d], None if tile is None else tuple(tile), DTYPE_NAMES[q.dtype], spec.mods)
+    n_kv = ceil_div(Tk, b.tile.keys)
+    check_grid(n_kv, WHAT, MAX_GRID_X)
+    check_grid(B * H, WHAT, MAX_GRID_YZ, axis="y")
+    if docs:
+        check_grid(B, WHAT + " document classes", MAX_GRID_YZ, "y")
+    classes = doc_classes(doc_ids_q, doc_ids_k, B, Tq, Tk, b.tile.BR, b.tile.keys) if docs else None
+    part = cp.empty(2 * B * H * Tk * d, dtype=cp.float32) if spec.group > 1 else None
+    b.pre((check_grid(ceil_div(rows, PRE_WARPS), WHAT, MAX_GRID_X),), (32 * PRE_WARPS,),
+          (o, do, lse, NULL if dlse is None else dlse, delta, lse2, dq_acc, np.int64(rows), np.int32(d)))
+    opt = (lambda x: NULL if x is None else x)
+    b.main((n_kv, B * H), (b.tile.threads,),
+           (q, k, v, do, lse2, delta, dq_acc, dk, dv, opt(part), opt(doc_ids_q), opt(doc_ids_k), opt(classes),
+            opt(alibi_slopes), np.int32(Tq), np.int32(Tk), np.int32(d), np.float32(scale), np.int32(H),
+            np.int32(spec.group), np.int32(spec.left), np.int32(spec.right), np.int32(spec.prefix),
+            np.float32(spec.cap_in), np.float32(spec.cap_out)), b.smem)
+    pairs = rows * d // 2
+    b.convert((min(ceil_div(pairs, CONVERT_BLOCK), CONVERT_MAX_BLOCKS),), (CONVERT_BLOCK,),
+              (dq_acc, dq, np.int64(pairs), np.float32(scale)))
+    if part is not None:  # dK = scale sum of the parts, dV = the sum
+        kv_pairs = dk.size // 2
+        for out, half, factor in ((dk, part[:part.size // 2], scale), (dv, part[part.size // 2:], 1.0)):
+            reduce((min(ceil_div(kv_pairs, CONVERT_BLOCK), CONVERT_MAX_BLOCKS),), (CONVERT_BLOCK,),
+                   (half, out, np.int64(kv_pairs), np.int64(Tk * d // 2), np.int32(spec.group), np.float32(factor)))
     return dq, dk, dv
 
 
