@@ -222,19 +222,9 @@ def _check_cc(i: int) -> None:
 
 
 # The forward on a Hopper: hopper_attn (hopper_fa3) only where the stored H100 measurements found it faster than
-# flash2_mma; measured, not guessed. Per (d, causal), the shortest sequence length at which it was faster; Tq and Tk
-# must both reach it. The figures: float16, B = 4, H = 32, Tq = Tk = T in {1024, 4096, 16384}, kernel time, from two
-# runs, so compared through SDPA's cuDNN forward timed in each (ratios above 1: faster than cuDNN). hopper_fa3 / cuDNN:
-# kernels/hopper/README.md, "Notebook 13's stored run, kept here", section 9's grid; flash2_mma / cuDNN:
-# results/h100-bench.json, the "long" rows' ratio_sdpa_cudnn.
-#     d = 64,  not causal: T = 1024 0.927 against 0.712; T >= 4096 1.04-1.07 against 0.669-0.718
-#     d = 64,  causal:     T = 1024 0.75 against 0.789 (flash2_mma the faster); T >= 4096 0.952-1.08 against 0.683-0.715
-#     d = 128, not causal: T = 1024 0.906 against 0.594; T >= 4096 0.971-1.01 against 0.579-0.605
-#     d = 128, causal:     T = 1024 0.86 against 0.670; T >= 4096 0.967-1.05 against 0.578-0.599
-# Between two measured lengths where hopper_fa3 was the faster it is taken as the faster; not measured, so flash2_mma:
-# T < 1024 (decoding's Tq = 1 among them) and, at d = 64 causal, 1024 < T < 4096. B * H was 128 in both runs and is
-# no condition here. python3 -m kernels.bench.torch_ops --parts forward times the two
-# kernels side by side through this operator, which is how this table should be replaced.
+# flash2_mma (measured, not guessed): per (d, causal), the shortest length at which it was; Tq and Tk must both reach
+# it. Shorter lengths were not measured and keep flash2_mma. The figures and their sources: kernels/pytorch/README.md,
+# "The operator's forward on a Hopper".
 HOPPER_FWD_MIN_T = {(64, False): 1024, (64, True): 4096, (128, False): 1024, (128, True): 1024}
 
 
