@@ -217,3 +217,20 @@ def test_backward_kernel_keeps_every_build(grids):
     missing = {(D, dt) for D in flash2_mma_bwd.HEAD_DIMS for dt in flash2_mma_bwd.DTYPES} - {
         (flash2_mma_bwd.BUILD_FOR[c["d"]], c["dtype"]) for c in bwd}
     assert not missing, f"flash2_mma_bwd builds (D, dtype) without a default case: {sorted(missing)}"
+
+
+def test_operator_forward_keeps_every_kernel_build(grids):
+    """The attention operator's forward through each kernel forward_kernel picks: every (kernel, d, dtype) and rows
+    that see no key in each dtype, by default."""
+    from kernels.hopper import hopper_attn
+
+    _skip_without_torch(grids)
+    fwd = cases(grids["default"], "test_attention_op_forward_through_each_kernel")
+    kernels_ = ("flash2_mma", "hopper_attn")
+    missing = {(kn, d, dt) for kn in kernels_ for d in hopper_attn.HEAD_DIMS for dt in hopper_attn.DTYPES} - {
+        (c["kernel"], c["d"], c["dtype"]) for c in fwd}
+    assert not missing, f"operator forward (kernel, d, dtype) without a default case: {sorted(missing)}"
+    for kn in kernels_:
+        for dt in hopper_attn.DTYPES:
+            assert any(c["kernel"] == kn and c["dtype"] == dt and c["causal"] and c["Tq"] > c["Tk"] for c in fwd), \
+                f"operator forward {kn} {dt}: no rows that see no key"

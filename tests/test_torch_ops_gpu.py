@@ -7,6 +7,10 @@
   range (clamped).
 - the operators: gradients through torch.autograd against float64 (also through the lse output), torch.library.opcheck
   on each of the four, a side-stream test, torch.compile(fullgraph=True) against eager, clear errors.
+- the attention operator's forward through each kernel forward_kernel can pick (flash2_mma; hopper_attn on a Hopper,
+  forced by setting HOPPER_FWD_MIN_T): o and lse against float64 for ragged lengths, Tq != Tk both ways, causal rows
+  that see no key (o = 0, lse = -inf exactly), d 64 and 128, fp16 and bf16; opcheck and the side-stream test through
+  each; forward_kernel's choice by capability, head size and lengths (device_info faked: runs without a GPU).
 - fake/meta implementations: no GPU needed (only torch).
 
 By default each case in one dtype (every head-size build in both) and each other backward tile on one shape;
@@ -14,6 +18,8 @@ By default each case in one dtype (every head-size build in both) and each other
 or a GPU is missing.
 """
 
+import math
+import types
 
 import numpy as np
 import pytest
@@ -41,11 +47,34 @@ CASES = [
 ]
 
 
+# The operator's forward, through each kernel forward_kernel can pick: (B, H, Tq, Tk, d, causal, magnitude)
+FWD_CASES = [
+    (2, 3, 200, 333, 64, True, 1.0),     # ragged, Tq < Tk, causal (diagonal tiles)
+    (1, 2, 300, 100, 128, True, 1.0),    # Tq > Tk, causal: 200 rows see no key
+    (2, 1, 129, 257, 128, False, 4.0),   # a larger magnitude, ragged tiles
+    (1, 2, 150, 33, 64, False, 1.0),     # Tq > Tk without the mask
+    (1, 2, 350, 70, 64, True, 1.0),      # Tq > Tk, causal at d = 64: 280 rows see no key
+]
+FWD_KERNELS = ("flash2_mma", "hopper_attn")
+
+
 @pytest.fixture(scope="module")
 def cuda(gpu):
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     return gpu
+
+
+@pytest.fixture
+def force_forward(monkeypatch):
+    """force_forward(kernel): HOPPER_FWD_MIN_T set so that the operator's forward runs `kernel` at d = 64 and 128
+    (1: hopper_attn at every length, skipped where the GPU is not a Hopper; inf: flash2_mma everywhere)."""
+    def force(kernel):
+        if kernel == "hopper_attn" and kernels.core.device_info().cc[0] != 9:
+            pytest.skip("hopper_attn needs a Hopper GPU (compute capability 9.x)")
+        limit = 1 if kernel == "hopper_attn" else math.inf
+        monkeypatch.setattr(torch_ops, "HOPPER_FWD_MIN_T", dict.fromkeys(torch_ops.HOPPER_FWD_MIN_T, limit))
+    return force
 
 
 def _problem(cp, B, H, Tq, Tk, d, dtype, mag, seed=0):
@@ -184,6 +213,59 @@ def _tensors(B, H, Tq, Tk, d, dtype, mag=1.0, seed=0):
     return ts, host
 
 
+def _fwd_cases():
+    """Each FWD_CASES case through each kernel; by default case i in DTYPES[i % 2], so that each kernel meets every
+    (d, dtype) and rows that see no key in both dtypes; --full-grid: every case in both dtypes."""
+    for kernel in FWD_KERNELS:
+        for dtype in DTYPES:
+            for i, case in enumerate(FWD_CASES):
+                yield pytest.param(kernel, dtype, *case, id="-".join(map(str, (kernel,) + case + (dtype,))),
+                                   marks=() if dtype == DTYPES[i % 2] else (pytest.mark.full_grid,))
+
+
+@pytest.mark.parametrize("kernel,dtype,B,H,Tq,Tk,d,causal,mag", list(_fwd_cases()))
+def test_attention_op_forward_through_each_kernel(cuda, force_forward, kernel, dtype, B, H, Tq, Tk, d, causal, mag):
+    """The operator's o and lse, whichever kernel forward_kernel picks: the same contract (o in q's dtype, lse float32
+    natural log (B, H, Tq); a row that sees no key o = 0 and lse = -inf) against float64."""
+    force_forward(kernel)
+    (q, k, v, _), (q64, k64, v64, _) = _tensors(B, H, Tq, Tk, d, dtype, mag, seed=Tq + Tk + d)
+    assert torch_ops.forward_kernel(q, Tk, causal) == kernel
+    o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, 1 / math.sqrt(d))
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.dtype == torch.float32 and lse.shape == (B, H, Tq)
+    o_ref, lse_ref = R.attention(q64, k64, v64, causal=causal, return_lse=True)
+    for name, got, ref in (("o", o.float(), o_ref), ("lse", lse, lse_ref)):
+        res = kernels.check(got.cpu().numpy(), ref, dtype)
+        assert res.ok, f"{kernel} {name}: {res.detail()}"
+    blind = _no_key_rows(Tq, Tk, causal)
+    if blind:
+        assert not o[:, :, :blind].any(), "rows that see no key must give o = 0"
+        assert bool(torch.isneginf(lse[:, :, :blind]).all()), "rows that see no key must give lse = -inf"
+
+
+@pytest.mark.parametrize("cc", [(9, 0), (8, 0), (8, 9), (10, 0)])
+def test_forward_kernel_choice(monkeypatch, cc):
+    """forward_kernel: hopper_attn only on compute capability 9.x, at d = 64 and 128, with Tq and Tk both at least
+    HOPPER_FWD_MIN_T[(d, causal)]; the measured facts pinned (d = 64 causal at T = 1024: flash2_mma). device_info is
+    faked and q is a meta tensor: no GPU needed."""
+    monkeypatch.setattr(torch_ops, "device_info", lambda index=None: types.SimpleNamespace(cc=cc))
+
+    def pick(Tq, Tk, d, causal):
+        return torch_ops.forward_kernel(torch.empty(1, 2, Tq, d, dtype=torch.float16, device="meta"), Tk, causal)
+
+    hopper = cc[0] == 9
+    for Tq, Tk in ((1, 1), (1, 4096), (4096, 1), (512, 512), (1024, 1024), (1024, 4096), (2048, 2048), (4096, 4096),
+                   (16384, 16384)):
+        for d in (32, 64, 96, 128):
+            for causal in (False, True):
+                limit = torch_ops.HOPPER_FWD_MIN_T.get((d, causal))
+                want = hopper and limit is not None and min(Tq, Tk) >= limit
+                assert pick(Tq, Tk, d, causal) == ("hopper_attn" if want else "flash2_mma"), (Tq, Tk, d, causal)
+    pins = {(1024, 64, False): True, (1024, 64, True): False, (4096, 64, True): True, (1024, 128, False): True,
+            (1024, 128, True): True, (16384, 128, True): True, (1, 64, False): False}
+    for (T, d, causal), faster in pins.items():
+        assert pick(T, T, d, causal) == ("hopper_attn" if hopper and faster else "flash2_mma"), (T, d, causal)
+
+
 @pytest.mark.parametrize("dtype,B,H,Tq,Tk,d,causal,mag", list(_dtype_cases(1, 6)))
 def test_attention_op_gradients(cuda, dtype, B, H, Tq, Tk, d, causal, mag):
     (q, k, v, do), (q64, k64, v64, do64) = _tensors(B, H, Tq, Tk, d, dtype, mag)
@@ -260,9 +342,13 @@ def test_backward_kernel_choice(cuda):
         assert torch_ops.backward_kernel(q) == ("hopper_attn_bwd" if expected else "flash2_mma_bwd"), d
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_opcheck_attention_ops(cuda, dtype):
+@pytest.mark.parametrize("kernel,dtype", [
+    ("flash2_mma", "float16"), ("flash2_mma", "bfloat16"), ("hopper_attn", "float16"),
+    pytest.param("hopper_attn", "bfloat16", marks=pytest.mark.full_grid)])
+def test_opcheck_attention_ops(cuda, force_forward, kernel, dtype):
+    force_forward(kernel)
     (q, k, v, do), _ = _tensors(2, 2, 48, 80, 64, dtype, seed=2)
+    assert torch_ops.forward_kernel(q, 80, True) == kernel
     for t in (q, k, v):
         t.requires_grad_(True)
     torch.library.opcheck(torch.ops.course.flash_attn_fwd.default, (q, k, v, True, 0.125))
@@ -279,10 +365,14 @@ def test_opcheck_softmax_ops(cuda):
     torch.library.opcheck(torch.ops.course.masked_softmax_bwd.default, (y, torch.randn_like(y), lengths))
 
 
-def test_ops_follow_torch_current_stream(cuda):
+@pytest.mark.parametrize("kernel", FWD_KERNELS)
+def test_ops_follow_torch_current_stream(cuda, force_forward, kernel):
     """On a side stream whose inputs are written after a long sleep, an op launched on any other stream would read
-    them too early; the ops must give the right answer."""
+    them too early; the ops must give the right answer (the attention forward through each kernel: flash2_mma's
+    direct launch, hopper_attn's through the bridge)."""
+    force_forward(kernel)
     (q, k, v, do), (q64, k64, v64, do64) = _tensors(1, 4, 256, 256, 64, "float16", seed=4)
+    assert torch_ops.forward_kernel(q, 256, True) == kernel
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -13,7 +13,11 @@
    (the mask made once, outside the timing) and torch's softmax backward followed by the masked_fill of the gradient,
    at a BERT-like shape (12 heads x 16 sequences x 128 queries, rows of 128) and a long-row shape (2048 rows of 16384);
    every case of one shape side by side in ROUNDS rounds (kernels.compare).
-3. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
+3. The attention operator's forward (`--parts forward`, not in the default run), the grid above: its body
+   (flash_attn_fwd_impl) through each kernel forward_kernel can pick (`op flash2_mma`; on a Hopper at d = 64 and 128
+   `op hopper_attn`, HOPPER_FWD_MIN_T set for the call) and SDPA's cuDNN forward, side by side; `vs flash2_mma` is
+   op flash2_mma's kernel time / this row's (above 1: faster than flash2_mma). What HOPPER_FWD_MIN_T is set from.
+4. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
    directly, and torch's own SDPA call.
 
     kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
@@ -29,6 +33,7 @@ Results go to results/bench-torch.json, numbers as numbers.
     python3 -m kernels.bench.torch_ops                   # T = 1024, 4096, 16384 (T = 16384 dominates the run)
     python3 -m kernels.bench.torch_ops --T 1024 4096     # a shorter run
     python3 -m kernels.bench.torch_ops --parts backward --T 4096 16384 --bwd-schedules   # the schedules' A/B
+    python3 -m kernels.bench.torch_ops --parts forward --T 1024 2048 4096 16384 --out results/bench-torch-fwd.json
 """
 
 from __future__ import annotations
@@ -165,6 +170,55 @@ def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = 
     return rows
 
 
+def _op_forward(kernel: str, q, k, v, causal: bool):
+    """The operator's body with HOPPER_FWD_MIN_T set for the call so that forward_kernel picks `kernel`."""
+    from ..pytorch import torch_ops
+
+    saved = torch_ops.HOPPER_FWD_MIN_T
+    torch_ops.HOPPER_FWD_MIN_T = dict.fromkeys(saved, 1 if kernel == "hopper_attn" else math.inf)
+    try:
+        return torch_ops.flash_attn_fwd_impl(q, k, v, causal, 1 / math.sqrt(q.shape[-1]))
+    finally:
+        torch_ops.HOPPER_FWD_MIN_T = saved
+
+
+def bench_forward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..core.device import device_compute_capability
+    from ..core.timing import attention_flops
+    from ..hopper import hopper_attn
+
+    rows = []
+    for T, d, causal in itertools.product(Ts, Ds, (False, True)):
+        gen = torch.Generator("cuda").manual_seed(T + d)
+        q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=getattr(torch, dtype), generator=gen) for _ in range(3))
+        kerns = ["flash2_mma"] + (["hopper_attn"] if device_compute_capability()[0] == 9
+                                  and d in hopper_attn.HEAD_DIMS else [])
+        fns = {f"op {kern}": (lambda kern=kern: _op_forward(kern, q, k, v, causal)) for kern in kerns}
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        try:
+            cudnn()
+            fns["sdpa_cudnn"] = cudnn
+        except RuntimeError as e:
+            rows.append({"impl": "sdpa_cudnn", "T": T, "d": d, "causal": causal, "note": f"not run: {e}"[:120]})
+        times = compare(fns, rounds=ROUNDS, **bench_kw)
+        for impl, t in times.items():
+            rows.append({"impl": impl, "T": T, "d": d, "causal": causal, "kernel ms": t.ms, "call ms": t.call_ms,
+                         "TFLOP/s": t.tflops(attention_flops(B, H, T, T, d, causal)),
+                         "vs flash2_mma": paired_ratio(t, times["op flash2_mma"]),
+                         "vs cuDNN": paired_ratio(t, times["sdpa_cudnn"]) if "sdpa_cudnn" in times else None,
+                         "rounds ms": list(t.rounds)})
+        del fns, times  # (q, k, v go with the next shape: the closures above read them)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_softmax(bench_kw) -> list[dict]:
     import torch
 
@@ -249,6 +303,8 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if "backward" in parts:
         result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype, dq_atomics, bwd_schedules)
+    if "forward" in parts:
+        result["forward"] = bench_forward(Ts, Ds, bench_kw, dtype)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -262,6 +318,9 @@ def summary(result: dict) -> str:
     if "backward" in result:
         parts.append(format_table(result["backward"], ["impl", "T", "d", "causal", "kernel ms", "call ms", "TFLOP/s",
                                                        "vs flash", "vs cuDNN", "note"]))
+    if "forward" in result:
+        parts.append(format_table(result["forward"], ["impl", "T", "d", "causal", "kernel ms", "call ms", "TFLOP/s",
+                                                      "vs flash2_mma", "vs cuDNN", "note"]))
     if "softmax" in result:
         parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
                                                       "ours faster by", "note"]))
@@ -276,7 +335,7 @@ def main(argv=None) -> int:
     p.add_argument("--d", type=int, nargs="+", default=list(DS))
     p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
-                   help="of the backward part")
+                   help="of the backward and forward parts")
     p.add_argument("--dq-atomics", action="store_true",
                    help="on a Hopper, also the backward's build that adds dQ by atomics (-D DQ_BULK=0)")
     p.add_argument("--bwd-schedules", action="store_true",

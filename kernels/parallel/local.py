@@ -9,9 +9,10 @@ log-sum-exp of the whole sequence, not of this block: with them P = exp(S - lse)
 softmax, and D = rowsum(dO * O) is the global one, so the block's dQ, dK, dV are exact parts of the sums.
 
     ReferenceLocal   float64 NumPy from reference/ on CPU tensors (float32 or float64): what the gloo tests run
-    CudaLocal        the course's kernels on CUDA tensors (float16, bfloat16): flash2_mma's forward with its LSE and
-                     flash2_mma_bwd, through the torch operators of kernels/pytorch/torch_ops.py (torch's stream and
-                     caching allocator)
+    CudaLocal        the course's kernels on CUDA tensors (float16, bfloat16): the forward with its LSE and the
+                     backward of the torch operators of kernels/pytorch/torch_ops.py (torch's stream and caching
+                     allocator): flash2_mma and flash2_mma_bwd, or on a Hopper the kernels forward_kernel and
+                     backward_kernel pick there
 
 Importing this module needs torch; CudaLocal needs CuPy and a GPU only when it is made.
 """

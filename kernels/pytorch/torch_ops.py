@@ -5,10 +5,16 @@
     y = torch_ops.masked_softmax(x, lengths)              # x: CUDA float32 (..., cols), lengths int32 (rows,)
     o.sum().backward()                                    # flash2_mma_bwd / softmax_bwd kernels
 
+What runs where: the attention operators run the mma.sync kernels of kernels/flash/ (compute capability 8.0 and up)
+except on a Hopper (9.x) at d = 64 and 128, where the backward always runs kernels/hopper/hopper_attn_bwd.cu and the
+forward runs kernels/hopper/hopper_attn.cu (hopper_fa3) at the lengths where the stored H100 measurements found it
+faster than flash2_mma (HOPPER_FWD_MIN_T); forward_kernel(q, Tk, causal) and backward_kernel(q) say which.
+
 The operators (namespace "course", each registered with torch.library.custom_op, a fake implementation for
 torch.compile and meta tensors, and an autograd formula; each passes torch.library.opcheck):
 
-    course::flash_attn_fwd(q, k, v, causal, scale) -> (o, lse)     kernels/flash/flash2_mma.cu, lse float32 (B, H, Tq)
+    course::flash_attn_fwd(q, k, v, causal, scale) -> (o, lse)     kernels/flash/flash2_mma.cu, lse float32 (B, H, Tq);
+        on a Hopper at d = 64 and 128 and long enough sequences kernels/hopper/hopper_attn.cu (forward_kernel)
     course::flash_attn_bwd(do, q, k, v, o, lse, dlse, causal, scale) -> (dq, dk, dv)   kernels/flash/flash2_mma_bwd.cu;
         on a Hopper at d = 64 and 128 kernels/hopper/hopper_attn_bwd.cu (backward_kernel(q) says which)
     course::masked_softmax(x, lengths) -> y                        kernels/basics/softmax.cu (softmax_masked_lengths[_warp])
@@ -26,7 +32,8 @@ torch allocates their outputs, and the kernel is launched directly on the tensor
 current stream (the attention operator through the same prepared kernels.core.Launch as flash2_mma.forward, the
 softmax through a kernels.core.Kernel call with torch's stream), after torch-side checks that mirror the launcher's. No DLPack crossing,
 no stream or allocator context: on the H100 the attention operator's body went from about 110 us of host time through
-the bridge to 27-52 us (kernels/bench/torch_ops.py measures it).
+the bridge to 27-52 us (kernels/bench/torch_ops.py measures it). Where forward_kernel picks hopper_attn, the forward
+takes the bridge instead (hopper_attn.forward builds its TMA descriptors from CuPy arrays), as the backward does.
 
 Importing this module needs neither torch nor a GPU: without torch, `AVAILABLE` is False and nothing is registered
 (kernels/pytorch/__init__.py does not import it; import it yourself).
@@ -41,7 +48,7 @@ import numpy as np
 from ..flash import flash2_mma, flash2_mma_bwd
 from ..basics import softmax, softmax_bwd
 from ..core import DEFAULT_MIN_CC, INT32_MAX, Launch, check_compute_capability, cp, device_info
-from ..hopper import hopper_attn_bwd
+from ..hopper import hopper_attn, hopper_attn_bwd
 
 try:
     import torch
@@ -55,7 +62,8 @@ MAX_D = flash2_mma_bwd.MAX_D
 D_MULTIPLE = flash2_mma_bwd.D_MULTIPLE
 ALIGN = flash2_mma.ALIGN
 
-__all__ = ["AVAILABLE", "attention", "attention_with_lse", "backward_kernel", "masked_softmax", "to_cupy", "to_torch"]
+__all__ = ["AVAILABLE", "attention", "attention_with_lse", "backward_kernel", "forward_kernel", "masked_softmax",
+           "to_cupy", "to_torch"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -213,10 +221,29 @@ def _check_cc(i: int) -> None:
         _CC_CHECKED.add(i)
 
 
+# The forward on a Hopper: hopper_attn (hopper_fa3) only where the stored H100 measurements found it faster than
+# flash2_mma (measured, not guessed): per (d, causal), the shortest length at which it was; Tq and Tk must both reach
+# it. Shorter lengths were not measured and keep flash2_mma. The figures and their sources: kernels/pytorch/README.md,
+# "The operator's forward on a Hopper".
+HOPPER_FWD_MIN_T = {(64, False): 1024, (64, True): 4096, (128, False): 1024, (128, True): 1024}
+
+
+def forward_kernel(q, Tk: int, causal: bool) -> str:
+    """The kernel the attention operator's forward runs for q (a CUDA tensor (B, H, Tq, d)) against Tk keys:
+    "hopper_attn" (hopper_fa3: TMA and wgmma) on compute capability 9.x with d = 64 or 128 when Tq and Tk both reach
+    HOPPER_FWD_MIN_T[(d, causal)], where the stored H100 measurements found it faster; "flash2_mma" elsewhere. Both
+    give o in q's dtype and lse float32, natural log, (B, H, Tq); a row that sees no key o = 0 and lse = -inf."""
+    d, Tq = q.shape[-1], q.shape[-2]
+    if d not in hopper_attn.HEAD_DIMS or device_info(q.device.index).cc[0] != 9:
+        return "flash2_mma"
+    return "hopper_attn" if min(Tq, Tk) >= HOPPER_FWD_MIN_T[(d, bool(causal))] else "flash2_mma"
+
+
 def backward_kernel(q) -> str:
     """The kernel the attention operator's backward runs for q (a CUDA tensor (B, H, Tq, d)): "hopper_attn_bwd" (TMA
     and wgmma) on compute capability 9.x with d = 64 or 128, where it was faster on every measured shape (the table in
-    kernels/hopper/README.md, "Speed"); "flash2_mma_bwd" elsewhere."""
+    kernels/hopper/README.md, "Speed"); "flash2_mma_bwd" elsewhere. It takes the lse of either forward (forward_kernel:
+    both natural log), so a flash2_mma forward can meet a hopper_attn_bwd backward."""
     major = device_info(q.device.index).cc[0]
     return "hopper_attn_bwd" if major == 9 and q.shape[-1] in hopper_attn_bwd.HEAD_DIMS else "flash2_mma_bwd"
 
@@ -290,10 +317,17 @@ if AVAILABLE:
     from torch import Tensor
 
     def flash_attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-        """o = softmax(scale q k^T [causal]) v and lse (float32 (B, H, Tq), natural log), by flash2_mma.
+        """o = softmax(scale q k^T [causal]) v and lse (float32 (B, H, Tq), natural log), by forward_kernel's choice:
+        flash2_mma, launched directly on the tensors, or on a Hopper hopper_attn, through the bridge.
         (The operator's body; called directly it skips torch's dispatcher: kernels/bench/torch_ops.py times both.)"""
         _check_qkv(q, k, v)
         _check_cc(q.device.index)
+        if forward_kernel(q, k.shape[2], causal) == "hopper_attn":
+            scale = _scale(scale, q.shape[3])  # the operator's contract: hopper_attn itself would take a scale <= 0
+            with _on_torch_stream(q.device.index):  # its o and lse from torch's allocator, on torch's stream
+                o, lse = hopper_attn.forward(to_cupy(q), to_cupy(k), to_cupy(v), causal=causal, scale=scale,
+                                             return_lse=True)
+                return to_torch(o), to_torch(lse)
         B, H, Tq, d = q.shape
         o = torch.empty_like(q)
         lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
@@ -426,7 +460,8 @@ def attention_with_lse(q, k, v, *, causal: bool = False, scale: float | None = N
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
-    """o = softmax(scale q k^T [causal]) v (see attention_with_lse); the FlashAttention-2 forward and backward."""
+    """o = softmax(scale q k^T [causal]) v (see attention_with_lse); the FlashAttention-2 forward and backward, or on a
+    Hopper the FlashAttention-3-style ones where forward_kernel / backward_kernel pick them."""
     return attention_with_lse(q, k, v, causal=causal, scale=scale)[0]
 
 
