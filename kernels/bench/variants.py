@@ -240,15 +240,15 @@ def torch_attention(q, k, v, case: Case, ids=None, slopes=None):
 
 # ---- the rows, from the timings (CPU-testable with made-up Timings) ------------------------------------------------
 
-def rows_from_timings(T: int, cases, times: dict, notes: dict, checks: dict, batch: int = B,
-                      heads: int = H) -> list[dict]:
-    """One row per (case, implementation): times {(case name, impl): Timing} of one compare(), notes {(case, impl):
-    why it has no time}, checks {(case, impl): the CheckResult of the correctness check}."""
+def rows_from_timings(T: int, cases, times: dict, notes: dict, checks: dict, batch: int = B, heads: int = H,
+                      impls=IMPLS) -> list[dict]:
+    """One row per (case, implementation of impls): times {(case name, impl): Timing} of one compare(), notes
+    {(case, impl): why it has no time}, checks {(case, impl): the CheckResult of the correctness check}."""
     causal_pairs = visible_pairs(CASE["causal"], T)
     rows = []
     for case in cases:
         pairs = visible_pairs(case, T)
-        for impl in IMPLS:
+        for impl in impls:
             key = (case.name, impl)
             row = {"T": T, "case": case.name, "impl": impl, "B": batch, "H": heads,
                    "Hkv": case.kv_heads(heads), "d": case.d, "visible pairs": pairs,
@@ -468,7 +468,7 @@ def bench_T(T: int, cases, dtype: str, bench_kw: dict, impls=IMPLS, log=print) -
     times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
     del fns, held
     torch.cuda.empty_cache()
-    return rows_from_timings(T, cases, times, notes, checks)
+    return rows_from_timings(T, cases, times, notes, checks, impls=impls)
 
 
 def run(Ts=TS, cases=CASES, dtype: str = "float16", bench_kw=None, out_path: Path | None = None,
