@@ -7,7 +7,8 @@
     core/       what every launcher shares: device, compile, launch, validate, source display, check, timing, registry
     ptx/        the PTX wrappers (cp.async, mma.sync, ldmatrix, mbarrier, TMA, wgmma) the kernels include
     basics/     chapters 01-02: naive attention, softmax kernels (and the softmax backward of chapter 12)
-    flash/      chapters 03, 04, 06, 12: FlashAttention-1, -2 on CUDA cores, WMMA and mma.sync, and its backward
+    flash/      chapters 03, 04, 06, 12, 15: FlashAttention-1, -2 on CUDA cores, WMMA and mma.sync (its variants: 15),
+                and its backward
     cublas/     chapters 05-06: attention as cuBLAS GEMMs around a softmax (llm.c v3-v6)
     inference/  chapters 08-09: decoding over a KV cache, varlen batches
     sampling/   chapter 10: from logits to tokens

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["kernels.bench", "kernels.bench.decode", "kernels.bench.varlen", "kernels.bench.sampling",
-            "kernels.bench.triton", "kernels.bench.torch_ops", "kernels.bench.ncu"]
+            "kernels.bench.triton", "kernels.bench.torch_ops", "kernels.bench.variants", "kernels.bench.ncu"]
 
 
 def run(*args):
