@@ -260,7 +260,7 @@ def test_forward_kernel_choice(monkeypatch, cc):
                 limit = torch_ops.HOPPER_FWD_MIN_T.get((d, causal))
                 want = hopper and limit is not None and min(Tq, Tk) >= limit
                 assert pick(Tq, Tk, d, causal) == ("hopper_attn" if want else "flash2_mma"), (Tq, Tk, d, causal)
-    pins = {(1024, 64, False): True, (1024, 64, True): False, (4096, 64, True): True, (1024, 128, False): True,
+    pins = {(1024, 64, False): True, (1024, 64, True): False, (2048, 64, True): True, (1024, 128, False): True,
             (1024, 128, True): True, (16384, 128, True): True, (1, 64, False): False}
     for (T, d, causal), faster in pins.items():
         assert pick(T, T, d, causal) == ("hopper_attn" if hopper and faster else "flash2_mma"), (T, d, causal)

@@ -17,7 +17,13 @@
    (flash_attn_fwd_impl) through each kernel forward_kernel can pick (`op flash2_mma`; on a Hopper at d = 64 and 128
    `op hopper_attn`, HOPPER_FWD_MIN_T set for the call) and SDPA's cuDNN forward, side by side; `vs flash2_mma` is
    op flash2_mma's kernel time / this row's (above 1: faster than flash2_mma). What HOPPER_FWD_MIN_T is set from.
-4. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
+4. One training step of chapter 12's model (`--parts train`, not in the default run): kernels.pytorch.tiny_gpt's
+   TinyGPT with TRAIN_HEADS heads of width d (C = TRAIN_HEADS d), TRAIN_LAYERS layers, causal, B = TRAIN_TOKENS / T
+   sequences of T tokens, its forward under bfloat16 autocast, AdamW; the whole step (forward, loss, backward,
+   optimizer) with our operator (`ours`: whatever forward_kernel and backward_kernel pick) and with SDPA forced to
+   its cuDNN and flash backends, the three models built from one seed and timed side by side. `kernel ms` is the
+   GPU time of one step, `vs cuDNN` and `vs flash` as above.
+5. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
    directly, and torch's own SDPA call.
 
     kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
@@ -34,6 +40,7 @@ Results go to results/bench-torch.json, numbers as numbers.
     python3 -m kernels.bench.torch_ops --T 1024 4096     # a shorter run
     python3 -m kernels.bench.torch_ops --parts backward --T 4096 16384 --bwd-schedules   # the schedules' A/B
     python3 -m kernels.bench.torch_ops --parts forward --T 1024 2048 4096 16384 --out results/bench-torch-fwd.json
+    python3 -m kernels.bench.torch_ops --parts train --T 4096 16384 --out results/bench-torch-train.json
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ B, H = 4, 32
 TS = (1024, 4096, 16384)
 DS = (64, 128)
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+TRAIN_HEADS, TRAIN_LAYERS, TRAIN_TOKENS = 16, 4, 16384  # the training step's model: C = 16 d, 4 layers, 16k tokens
 SOFTMAX_SHAPES = {"bert": (12 * 16 * 128, 128), "long_rows": (2048, 16384)}
 HOST_SHAPE = (1, 2, 16, 64)
 ROUNDS = 3  # rounds of kernels.compare per comparison: ours and torch's timed once per round, side by side
@@ -219,6 +227,55 @@ def bench_forward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
     return rows
 
 
+def bench_train(Ts, Ds, bench_kw) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..pytorch import torch_ops
+    from ..pytorch.tiny_gpt import TinyGPT, train_step
+
+    def sdpa(backend):
+        def attn(q, k, v):
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attn
+
+    attns = {"ours": lambda q, k, v: torch_ops.attention(q, k, v, causal=True),
+             **{impl: sdpa(backend) for impl, backend in SDPA_BACKENDS.items()}}
+    rows = []
+    for T, d in itertools.product(Ts, Ds):
+        shape = {"T": T, "d": d, "B": max(1, TRAIN_TOKENS // T), "C": TRAIN_HEADS * d, "layers": TRAIN_LAYERS}
+        batch = torch.randint(0, 256, (shape["B"], T + 1), device="cuda",
+                              generator=torch.Generator("cuda").manual_seed(T + d))
+        fns, notes = {}, {}
+        for impl, attn in attns.items():
+            torch.manual_seed(0)  # the same weights for every implementation
+            model = TinyGPT(attn, C=shape["C"], H=TRAIN_HEADS, L=TRAIN_LAYERS, T=T).cuda()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            step = lambda model=model, opt=opt: train_step(model, opt, batch, autocast_dtype=torch.bfloat16)
+            try:
+                step()  # one that refuses the shape is recorded, not timed
+                torch.cuda.synchronize()
+                fns[impl] = step
+            except RuntimeError as e:
+                notes[impl] = f"not run: {str(e).splitlines()[0][:120]}"
+        times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
+        for impl in attns:
+            row = {"impl": impl, **shape}
+            t = times.get(impl)
+            if t is None:
+                row["note"] = notes[impl]
+            else:
+                row.update({"kernel ms": t.ms, "call ms": t.call_ms, "rounds ms": list(t.rounds)})
+                for col, p in (("vs cuDNN", "sdpa_cudnn"), ("vs flash", "sdpa_flash")):
+                    row[col] = paired_ratio(t, times[p]) if p in times else None
+            rows.append(row)
+        del fns, times, batch
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_softmax(bench_kw) -> list[dict]:
     import torch
 
@@ -305,6 +362,8 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
         result["backward"] = bench_backward(Ts, Ds, bench_kw, dtype, dq_atomics, bwd_schedules)
     if "forward" in parts:
         result["forward"] = bench_forward(Ts, Ds, bench_kw, dtype)
+    if "train" in parts:
+        result["train"] = bench_train(Ts, Ds, bench_kw)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -321,6 +380,9 @@ def summary(result: dict) -> str:
     if "forward" in result:
         parts.append(format_table(result["forward"], ["impl", "T", "d", "causal", "kernel ms", "call ms", "TFLOP/s",
                                                       "vs flash2_mma", "vs cuDNN", "note"]))
+    if "train" in result:
+        parts.append(format_table(result["train"], ["impl", "T", "d", "B", "C", "layers", "kernel ms", "call ms",
+                                                    "vs cuDNN", "vs flash", "note"]))
     if "softmax" in result:
         parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
                                                       "ours faster by", "note"]))
@@ -333,7 +395,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m kernels.bench.torch_ops", description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, nargs="+", default=list(TS))
     p.add_argument("--d", type=int, nargs="+", default=list(DS))
-    p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"])
+    p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"],
+                   choices=("backward", "forward", "train", "softmax", "host"))
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
                    help="of the backward and forward parts")
     p.add_argument("--dq-atomics", action="store_true",

@@ -221,17 +221,17 @@ def _check_cc(i: int) -> None:
         _CC_CHECKED.add(i)
 
 
-# The forward on a Hopper: hopper_attn (hopper_fa3) only where the stored H100 measurements found it faster than
-# flash2_mma (measured, not guessed): per (d, causal), the shortest length at which it was; Tq and Tk must both reach
-# it. Shorter lengths were not measured and keep flash2_mma. The figures and their sources: kernels/pytorch/README.md,
-# "The operator's forward on a Hopper".
-HOPPER_FWD_MIN_T = {(64, False): 1024, (64, True): 4096, (128, False): 1024, (128, True): 1024}
+# The forward on a Hopper: hopper_attn (hopper_fa3) only where it measured faster than flash2_mma through this operator
+# (`python3 -m kernels.bench.torch_ops --parts forward`): per (d, causal), the shortest length from which it was; Tq
+# and Tk must both reach it. Shorter lengths were not measured and keep flash2_mma. The figures:
+# kernels/pytorch/README.md, "The operator's forward on a Hopper".
+HOPPER_FWD_MIN_T = {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 1024}
 
 
 def forward_kernel(q, Tk: int, causal: bool) -> str:
     """The kernel the attention operator's forward runs for q (a CUDA tensor (B, H, Tq, d)) against Tk keys:
     "hopper_attn" (hopper_fa3: TMA and wgmma) on compute capability 9.x with d = 64 or 128 when Tq and Tk both reach
-    HOPPER_FWD_MIN_T[(d, causal)], where the stored H100 measurements found it faster; "flash2_mma" elsewhere. Both
+    HOPPER_FWD_MIN_T[(d, causal)], where it measured faster; "flash2_mma" elsewhere. Both
     give o in q's dtype and lse float32, natural log, (B, H, Tq); a row that sees no key o = 0 and lse = -inf."""
     d, Tq = q.shape[-1], q.shape[-2]
     if d not in hopper_attn.HEAD_DIMS or device_info(q.device.index).cc[0] != 9:
