@@ -1,4 +1,4 @@
-"""Float64 oracle of the attention variants real models use (issue 42): GQA/MQA, sliding windows, prefix-LM,
+"""Float64 oracle of the attention variants real models use: GQA/MQA, sliding windows, prefix-LM,
 document masking, ALiBi and tanh soft-capping, forward and backward. NumPy only, clarity over speed.
 
 Layout: q is (B, Hq, Tq, d); k and v are (B, Hkv, Tk, d) with Hq a multiple of Hkv (grouped-query attention:

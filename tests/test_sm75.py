@@ -1,6 +1,6 @@
 """The kernels that run on a T4 (compute capability 7.5) build for sm_75 and hold real kernels, without a GPU.
 
-Chapters 01-05 and the CUDA-core kernels of chapters 08-10 run from 7.5 (issue 40): no Ampere-only instruction on
+Chapters 01-05 and the CUDA-core kernels of chapters 08-10 run from 7.5: no Ampere-only instruction on
 their path, or a fallback below sm_80 (ptx/cp_async.cuh's synchronous copies, ptx/mma_sync.cuh's float16 packing).
 Each such file is compiled here with NVRTC for sm_75 exactly as its launcher builds it on a T4 (its SM75_BUILDS, else
 its NVRTC_BUILDS), through kernels.core.compile_program (the path COURSE_SIMULATE_CC takes, there to compute_75 PTX),

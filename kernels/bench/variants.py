@@ -1,6 +1,6 @@
 """Time the attention variants real models use beside FlexAttention and SDPA: `python3 -m kernels.bench.variants`.
 
-The grid of issue 42 (forward kernel time; B=4, H=32, d=128, Tq = Tk = T in {4096, 16384} unless a case says otherwise):
+The grid (forward kernel time; B=4, H=32, d=128, Tq = Tk = T in {4096, 16384} unless a case says otherwise):
 
     causal       the bottom-right causal mask                         SDPA too
     window1024   a sliding window of 1024 keys before each query, causal (window=(1024, 0)): Mistral, Gemma 2/3
