@@ -5,10 +5,10 @@
 
 The same contract as flash2_mma.forward: bottom-right causal mask (query i sees key j when j <= i + Tk - Tq), a
 row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension d = 64 or 128 only (the kernel's
-tiles are built around 64-column swizzle rows; kernels.STAGING["hopper_fa3"].head_dims says so to the tests).
+tiles are built around 64-column swizzle rows; kernels.REGISTRY["hopper_fa3"].head_dims says so to the tests).
 
-Checked on an H100 by the attention tests (tests/test_attention_gpu.py runs its grid over REGISTRY and STAGING, where
-this variant is: see the end of this file; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is checked on
+Checked on an H100 by the attention tests (tests/test_attention_gpu.py runs its grid over every registered variant:
+see the end of this file; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is checked on
 the CPU (tests/test_hopper_attn_compile.py).
 
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
@@ -342,10 +342,9 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
 
 assert hopper_gemm.BLOCK_K == TMA_BOX_COLS  # tensor_map's box is 64 columns wide: one 128-byte swizzle row
 
-# In STAGING, not REGISTRY: tested on the full grid, and at its speed target (notebook 13), but kept out of notebook
-# 07's benchmark, which runs every REGISTRY variant on whatever GPU it finds and has no way yet to skip one that needs
-# a Hopper.
+# In REGISTRY, so in notebook 07's benchmark: on a GPU below compute capability 9.0 its rows say "not run" with the
+# reason (Variant.unsupported_reason), as the bfloat16 rows of the older kernels do on a T4; d other than 64 and 128
+# is left out by head_dims.
 register(Variant("hopper_fa3", forward, DTYPES, "13_hopper_wgmma_tma", MAX_D, head_dims=HEAD_DIMS, has_lse=True,
                  min_cc=MIN_CC, description="FlashAttention-3-style forward: TMA K/V rings, producer warp, two or three "
-                 "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers"),
-         staging=True)
+                 "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers"))
