@@ -4,7 +4,6 @@ is the forward's error); the tile arithmetic of the kernel's query_tiles, writte
 query tiles that see a key of the block (by the reference's block_mask) and calls FULL only tiles the reference calls
 FULL, for the backward's tiles (BR = 128 or 64 queries, BC = 128 keys)."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from ahead import Ahead
 import reference.variants as RV
 from kernels.flash import flash2_mma as F
 from kernels.flash import flash2_mma_bwd as B
-from test_flash2_variants_cpu import CASES, _doc_classes
+from test_flash2_variants_cpu import CASES, _doc_classes, case_mask, variant_build_plan, variant_build_symbols
 
 ARCHS = ["sm_80", "sm_90"]
 
@@ -30,23 +29,7 @@ def test_every_variant_build_is_listed():
                 assert set(B.variant_name_expressions(D, B.TILES[D], dt, mods)) <= names
 
 
-def _nvrtc_build(names, defines, arch):
-    from kernels.core import NVRTC_OPTIONS, compile_program, cuda_header_options
-    from tests.test_compile import _cuda_include_dir
-
-    inc = _cuda_include_dir()
-    options = (*NVRTC_OPTIONS, *defines, *cuda_header_options(), *([f"-I{inc}"] if inc is not None else []))
-    source = (Path(B.__file__).parent / B.KERNEL_FILE).read_text()
-    return compile_program(source, B.KERNEL_FILE, arch, options, tuple(names))
-
-
-def _plan(item, tmp_path_factory):
-    if item.originalname == "test_variant_build_compiles_and_holds_its_kernels":
-        p = item.callspec.params
-        yield (tuple(p["names"]), tuple(p["defines"]), p["arch"]), _nvrtc_build, (p["names"], p["defines"], p["arch"])
-
-
-AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+AHEAD = Ahead(variant_build_plan(B))  # tests/ahead.py: this file's builds start together, a thread per core
 compile_ahead = AHEAD.fixture()
 
 
@@ -55,13 +38,7 @@ compile_ahead = AHEAD.fixture()
                          ids=lambda x: x[1] if isinstance(x, tuple) and x and not x[0].startswith("-D") else "")
 def test_variant_build_compiles_and_holds_its_kernels(names, defines, arch):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
-    from tests.test_compile import _kernel_names_in
-
-    cubin, log, lowered = AHEAD.result((tuple(names), tuple(defines), arch), _nvrtc_build, names, defines, arch)
-    assert "warning" not in log.lower(), log
-    symbols = _kernel_names_in(cubin)
-    for expr in names:
-        assert lowered[expr].encode() in symbols, f"{expr} is not in the {arch} CUBIN"
+    variant_build_symbols(AHEAD, B, names, defines, arch)
 
 
 # ---- the options: the forward's checks ------------------------------------------------------------------------------
@@ -130,13 +107,7 @@ def _query_tiles(k0, Tq, Tk, left, right, prefix, BR, BC, classes=None):
 @pytest.mark.parametrize("Tq,Tk,causal,window,prefix,docs", CASES)
 def test_query_tiles_visit_what_the_block_mask_sees(BR, Tq, Tk, causal, window, prefix, docs):
     BC = 128
-    ids_q = ids_k = None
-    if docs == "sorted":
-        rng = np.random.default_rng(Tq + Tk)
-        ids_q, ids_k = np.sort(rng.integers(0, 5, Tq)), np.sort(rng.integers(0, 5, Tk))
-    elif docs is not None:
-        ids_q = ids_k = np.repeat(np.arange(len(docs)), docs)
-    mask = RV.variant_mask(Tq, Tk, causal=causal, window=window, prefix=prefix, doc_ids_q=ids_q, doc_ids_k=ids_k)
+    mask, ids_q, ids_k = case_mask(Tq, Tk, causal, window, prefix, docs)
     kinds, _ = RV.block_mask(mask, BR, BC)
     spec = F.variant_spec((1, 1, Tq, 64), (1, 1, Tk, 64), 0.125, causal=causal, window=window, prefix=prefix)
     classes = None if ids_q is None else _doc_classes(ids_q, ids_k, BR, BC)

@@ -31,23 +31,42 @@ def test_every_variant_build_is_listed():
     assert any(not ns and "-DCLASS_THREADS=128" in defines for ns, defines in _variant_builds())
 
 
-def _nvrtc_build(names, defines, arch):
+def nvrtc_build(launcher, names, defines, arch):
+    """launcher's kernel file compiled by NVRTC as the launcher builds it (the course's options, these -D defines and
+    name expressions): compile_program's (cubin, log, lowered names). The backward's variant tests use it too."""
     from kernels.core import NVRTC_OPTIONS, compile_program, cuda_header_options
     from tests.test_compile import _cuda_include_dir
 
     inc = _cuda_include_dir()
     options = (*NVRTC_OPTIONS, *defines, *cuda_header_options(), *([f"-I{inc}"] if inc is not None else []))
-    source = (Path(F.__file__).parent / F.KERNEL_FILE).read_text()
-    return compile_program(source, F.KERNEL_FILE, arch, options, tuple(names))
+    source = (Path(launcher.__file__).parent / launcher.KERNEL_FILE).read_text()
+    return compile_program(source, launcher.KERNEL_FILE, arch, options, tuple(names))
 
 
-def _plan(item, tmp_path_factory):
-    if item.originalname == "test_variant_build_compiles_and_holds_its_kernels":
-        p = item.callspec.params
-        yield (tuple(p["names"]), tuple(p["defines"]), p["arch"]), _nvrtc_build, (p["names"], p["defines"], p["arch"])
+def variant_build_plan(launcher):
+    """The Ahead plan of a file whose test_variant_build_compiles_and_holds_its_kernels builds launcher's kernels."""
+    def plan(item, tmp_path_factory):
+        if item.originalname == "test_variant_build_compiles_and_holds_its_kernels":
+            p = item.callspec.params
+            yield (tuple(p["names"]), tuple(p["defines"]), p["arch"]), nvrtc_build, \
+                (launcher, p["names"], p["defines"], p["arch"])
+    return plan
 
 
-AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
+def variant_build_symbols(ahead, launcher, names, defines, arch) -> set:
+    """The kernel symbols of one variant build (from ahead, the file's Ahead), once NVRTC's log is checked free of
+    warnings and every name expression is found among them."""
+    from tests.test_compile import _kernel_names_in
+
+    cubin, log, lowered = ahead.result((tuple(names), tuple(defines), arch), nvrtc_build, launcher, names, defines, arch)
+    assert "warning" not in log.lower(), log
+    symbols = _kernel_names_in(cubin)
+    for expr in names:
+        assert lowered[expr].encode() in symbols, f"{expr} is not in the {arch} CUBIN"
+    return symbols
+
+
+AHEAD = Ahead(variant_build_plan(F))  # tests/ahead.py: this file's builds start together, a thread per core
 start_ahead = AHEAD.fixture()
 
 
@@ -56,13 +75,7 @@ start_ahead = AHEAD.fixture()
                          if isinstance(x, tuple) and (not x or not x[0].startswith("-D")) else "")
 def test_variant_build_compiles_and_holds_its_kernels(names, defines, arch):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
-    from tests.test_compile import _kernel_names_in
-
-    cubin, log, lowered = AHEAD.result((tuple(names), tuple(defines), arch), _nvrtc_build, names, defines, arch)
-    assert "warning" not in log.lower(), log
-    symbols = _kernel_names_in(cubin)
-    for expr in names:
-        assert lowered[expr].encode() in symbols, f"{expr} is not in the {arch} CUBIN"
+    symbols = variant_build_symbols(AHEAD, F, names, defines, arch)
     assert F.CLASS_KERNEL_NAME.encode() in symbols, f"{F.CLASS_KERNEL_NAME} is not in the {arch} CUBIN"
 
 
@@ -203,17 +216,23 @@ CASES = [  # (Tq, Tk, causal, window, prefix, documents)
 ]
 
 
-@pytest.mark.parametrize("Tq,Tk,causal,window,prefix,docs", CASES)
-def test_key_tiles_visit_what_the_block_mask_sees(Tq, Tk, causal, window, prefix, docs):
-    BR, BC = 128, 64
+def case_mask(Tq, Tk, causal, window, prefix, docs):
+    """(mask, ids_q, ids_k) of one CASES row: its reference mask, and its document ids (None without documents;
+    docs "sorted": random sorted ids from a seeded generator; otherwise the documents' lengths, one sequence)."""
     ids_q = ids_k = None
     if docs == "sorted":
         rng = np.random.default_rng(Tq + Tk)
         ids_q, ids_k = np.sort(rng.integers(0, 5, Tq)), np.sort(rng.integers(0, 5, Tk))
     elif docs is not None:
-        ids_q = np.repeat(np.arange(len(docs)), docs)
-        ids_k = ids_q
+        ids_q = ids_k = np.repeat(np.arange(len(docs)), docs)
     mask = RV.variant_mask(Tq, Tk, causal=causal, window=window, prefix=prefix, doc_ids_q=ids_q, doc_ids_k=ids_k)
+    return mask, ids_q, ids_k
+
+
+@pytest.mark.parametrize("Tq,Tk,causal,window,prefix,docs", CASES)
+def test_key_tiles_visit_what_the_block_mask_sees(Tq, Tk, causal, window, prefix, docs):
+    BR, BC = 128, 64
+    mask, ids_q, ids_k = case_mask(Tq, Tk, causal, window, prefix, docs)
     kinds, _ = RV.block_mask(mask, BR, BC)
     spec = F.variant_spec((1, 1, Tq, 64), (1, 1, Tk, 64), 0.125, causal=causal, window=window, prefix=prefix)
     classes = None if ids_q is None else _doc_classes(ids_q, ids_k, BR, BC)

@@ -23,7 +23,7 @@ import reference.variants as RV
 from kernels import core
 from kernels.flash import flash2_mma as F
 from kernels.hopper import hopper_attn as A
-from test_flash2_variants_cpu import _doc_classes
+from test_flash2_variants_cpu import _doc_classes, case_mask
 from test_flash2_variants_cpu import _key_tiles as _flash2_key_tiles
 from test_hopper_compile import _nvrtc_available, _per_function, _run, cuobjdump_for
 
@@ -218,13 +218,7 @@ WALK_CASES = [  # (Tq, Tk, causal, window, prefix, documents)
 @pytest.mark.parametrize("BM,BN", [(128, 128), (192, 128), (128, 176)])
 @pytest.mark.parametrize("Tq,Tk,causal,window,prefix,docs", WALK_CASES)
 def test_key_tiles_visit_what_the_block_mask_sees(Tq, Tk, causal, window, prefix, docs, BM, BN):
-    ids_q = ids_k = None
-    if docs == "sorted":
-        rng = np.random.default_rng(Tq + Tk)
-        ids_q, ids_k = np.sort(rng.integers(0, 5, Tq)), np.sort(rng.integers(0, 5, Tk))
-    elif docs is not None:
-        ids_q = ids_k = np.repeat(np.arange(len(docs)), docs)
-    mask = RV.variant_mask(Tq, Tk, causal=causal, window=window, prefix=prefix, doc_ids_q=ids_q, doc_ids_k=ids_k)
+    mask, ids_q, ids_k = case_mask(Tq, Tk, causal, window, prefix, docs)
     cta_kinds, _ = RV.block_mask(mask, BM, BN)
     wg_kinds, _ = RV.block_mask(mask, 64, BN)
     spec = F.variant_spec((1, 1, Tq, 64), (1, 1, Tk, 64), 0.125, causal=causal, window=window, prefix=prefix)
