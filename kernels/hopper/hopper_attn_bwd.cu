@@ -13,8 +13,8 @@
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
 //      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m and dO_m into a STAGES-slot ring
 //      (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK and dV in
-//      registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a thread, while a. runs)
-//      into one of two row buffers:
+//      registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a thread,
+//      while a. runs) into one of two row buffers:
 //        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
 //        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
 //        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async                       stash_ds
