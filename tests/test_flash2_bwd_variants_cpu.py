@@ -46,7 +46,7 @@ def test_variant_build_compiles_and_holds_its_kernels(names, defines, arch):
 def test_the_backward_checks_with_the_forwards_functions():
     """One set of checks for both directions: the backward imports the forward's, it has no copy of its own."""
     assert B.variant_spec is F.variant_spec and B.check_variant_arrays is F.check_variant_arrays
-    assert B.doc_classes is F.doc_classes and B._validate_grouped is F._validate_grouped
+    assert B.doc_classes is F.doc_classes and B.validate_variant_problem is F.validate_variant_problem
 
 
 @pytest.mark.parametrize("kw,error,match", [

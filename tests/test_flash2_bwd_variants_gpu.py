@@ -134,3 +134,10 @@ def test_bad_options_on_the_gpu(gpu):
         flash2_mma_bwd.backward(q, k, v, o, lse[:, :, :8].copy(), do, causal=True, window=(8, 0))
     with pytest.raises(ValueError, match=r"dk has shape"):
         flash2_mma_bwd.backward(q, k, v, o, lse, do, dk=cp.empty_like(q))
+    # the shared checks name the backward, not the forward, on the grouped path too (k, v have 2 heads for q's 4)
+    with pytest.raises(ValueError, match=r"scale must be a finite number > 0 for flash2_mma_bwd"):
+        flash2_mma_bwd.backward(q, k, v, o, lse, do, scale=float("nan"))
+    shifted = cp.empty(k.size + 8, dtype=k.dtype)[1:1 + k.size].reshape(k.shape)  # 2 bytes past a 16-byte boundary
+    shifted[...] = k
+    with pytest.raises(ValueError, match=r"k starts at address .* flash2_mma_bwd attention backward reads"):
+        flash2_mma_bwd.backward(q, shifted, v, o, lse, do)

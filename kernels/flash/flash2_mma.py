@@ -505,10 +505,10 @@ def check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B: int, Hq: int, Tq
     return doc_ids_q, doc_ids_k
 
 
-def _validate_grouped(q, k, v, dev):
+def _validate_grouped(q, k, v, dev, what=WHAT, max_d=MAX_D):
     """validate_attention for k, v of Hkv heads: q's checks through validate_attention itself, k's and v's here;
-    returns (B, Hq, Hkv, Tq, Tk, d)."""
-    B, Hq, Tq, _, d, _ = validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE, what=WHAT,
+    returns (B, Hq, Hkv, Tq, Tk, d). what and max_d: the calling launcher's name and head-size limit."""
+    B, Hq, Tq, _, d, _ = validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=max_d, d_multiple=D_MULTIPLE, what=what,
                                             align=ALIGN)
     same = dtype_set((q.dtype.name,))
     check_array(k, "k", dtypes=same, ndim=4, dev=dev)
@@ -521,10 +521,26 @@ def _validate_grouped(q, k, v, dev):
     if min(Hkv, Tk) < 1:
         raise ValueError(f"every dimension must be >= 1; got k {k.shape}")
     if k.size > INT32_MAX:
-        raise ValueError(f"k has {k.size} elements; {WHAT} indexes with 32-bit integers (<= {INT32_MAX})")
+        raise ValueError(f"k has {k.size} elements; {what} indexes with 32-bit integers (<= {INT32_MAX})")
     if k.data.ptr % ALIGN or v.data.ptr % ALIGN:
-        check_alignment(WHAT, ALIGN, k=k, v=v)
+        check_alignment(what, ALIGN, k=k, v=v)
     return B, Hq, Hkv, Tq, Tk, d
+
+
+def validate_variant_problem(q, k, v, dev, scale, what=WHAT, max_d=MAX_D):
+    """q, k, v of a variant call (k and v with Hq or fewer heads) and its scale, checked for the launcher `what`
+    with head-size limit max_d: (B, Hq, Tq, Tk, d, scale), scale defaulting to 1/sqrt(d). The forward's and the
+    backward's variant launchers both call it."""
+    if _grouped(q, k):
+        B, Hq, _, Tq, Tk, d = _validate_grouped(q, k, v, dev, what, max_d)
+    else:  # the same heads (or a shape validate_attention rejects with the precise error)
+        B, Hq, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=max_d, d_multiple=D_MULTIPLE,
+                                                 what=what, align=ALIGN)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for {what} (folded into exp2 after the row max); "
+                         f"got {scale}")
+    return B, Hq, Tq, Tk, d, scale
 
 
 @functools.lru_cache(maxsize=None)
@@ -562,15 +578,7 @@ _VCALLS = launch_cache()  # (qkv_key, options) -> what _prepare_variants returne
 def _prepare_variants(q, k, v, dev, causal, scale, tile, head_major, window, prefix, softcap, docs, alibi):
     """Validate q, k, v and the options (not the arrays of ids and slopes: check_variant_arrays, on every call) and
     return what a call of this problem needs: (Launch, o shape, lse shape, classes shape or None)."""
-    if _grouped(q, k):
-        B, Hq, _, Tq, Tk, d = _validate_grouped(q, k, v, dev)
-    else:  # the same heads (or a shape validate_attention rejects with the precise error)
-        B, Hq, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
-                                                 what=WHAT, align=ALIGN)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0 for flash2_mma (folded into exp2 after the row max); "
-                         f"got {scale}")
+    B, Hq, Tq, Tk, d, scale = validate_variant_problem(q, k, v, dev, scale)
     spec = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
                         docs=docs, alibi=alibi)
     b = variant_build(BUILD_FOR[d], tile, DTYPE_NAMES[q.dtype], spec.mods)

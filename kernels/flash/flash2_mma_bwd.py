@@ -26,12 +26,11 @@ are skipped, tiles every row sees in full run without mask code (the .cu's query
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
 
-from .flash2_mma import (_grouped, _validate_grouped, check_variant_arrays, doc_classes, raise_tile_problems,
+from .flash2_mma import (_grouped, check_variant_arrays, doc_classes, raise_tile_problems, validate_variant_problem,
                          variant_spec)
 from ..core import (DTYPE_NAMES, I32, MAX_GRID_X, MAX_GRID_YZ, NULL, ceil_div, check_array, check_grid, cp,
                     current_device, defines_from, dtype_set, get_kernel, validate_attention)
@@ -267,14 +266,7 @@ def backward_variants(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=Non
     backward() takes them; the workspace is workspace_elements(B, Hq, Tq, d) floats. With document ids a small kernel
     classifies the tiles first; with Hq > Hkv a float32 scratch holds each query head's dK and dV until the reduce."""
     dev = current_device()
-    if _grouped(q, k):
-        B, H, _, Tq, Tk, d = _validate_grouped(q, k, v, dev)
-    else:  # the same heads (or a shape validate_attention rejects with the precise error)
-        B, H, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
-                                                what=WHAT, align=ALIGN)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite number > 0 for {WHAT} (as in the forward); got {scale}")
+    B, H, Tq, Tk, d, scale = validate_variant_problem(q, k, v, dev, scale, WHAT, MAX_D)
     docs = doc_ids_q is not None or doc_ids_k is not None
     spec = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
                         docs=docs, alibi=alibi_slopes is not None)
