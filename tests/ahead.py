@@ -2,7 +2,7 @@
 test asks for its own result when it runs.
 
 NVRTC and nvcc run outside Python's lock, and most of the rest is waiting on other processes (the groups of ranks of
-tests/test_context_parallel_cpu.py, the simulated T4 runs, pip's dry runs, the grid collections). In
+tests/test_context_parallel_cpu.py, the simulated T4 runs, pip's dry runs, the grid collections, Triton's builds). In
 one pytest process a file of compile tests then becomes about as fast as the machine has cores, and on a GPU machine
 all of it overlaps the GPU tests, which keep one core busy. A test file declares what its selected tests will build
 and asks for each result by the same key:
