@@ -1,5 +1,6 @@
 """Shared fixtures. GPU tests take the `gpu` fixture, which skips them, with the reason, where no GPU is found."""
 
+import ahead
 import pytest
 
 import kernels
@@ -30,3 +31,25 @@ def hopper(gpu):
         pytest.skip(f"needs a Hopper GPU (compute capability 9.x) for the sm_90a build; this GPU "
                     f"({kernels.gpu_name()}) has {cc[0]}.{cc[1]}")
     return gpu
+
+
+@pytest.fixture(scope="session", autouse=True)
+def work_ahead(request, tmp_path_factory):
+    """Where a GPU is found, the work every test file plans ahead starts at the session's first test (tests/ahead.py):
+    the GPU tests keep one core busy and leave the others to it. Without a GPU the tests themselves are the CPU work,
+    and each file starts its own plan at its first test."""
+    if kernels.gpu_unavailable_reason() is None:
+        ahead.start_session(request.session, tmp_path_factory)
+    try:
+        yield
+    finally:
+        ahead.finish()
+
+
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's monkeypatch, once the work started ahead is done: a build or subprocess started in another thread
+    would otherwise read what the test changes (its environment, a module's function or constant, the device
+    information). A GPU test that skips for want of a GPU before it asks for monkeypatch does not wait."""
+    ahead.drain()
+    return monkeypatch

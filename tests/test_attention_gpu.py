@@ -11,6 +11,8 @@ import itertools
 
 import numpy as np
 import pytest
+from ahead import Ahead
+from test_flash2_triton_gpu import triton_warm_ups
 
 import kernels
 import reference as R
@@ -70,6 +72,21 @@ def _cases():
             for dtype in v.dtypes:
                 yield pytest.param(name, dtype, Tq, Tk, d, causal, mag, marks=() if default else (pytest.mark.full_grid,),
                                    id=f"{name}-{dtype}-Tq{Tq}-Tk{Tk}-d{d}-{'causal' if causal else 'full'}-x{mag:g}")
+
+
+def _triton_pair(item):
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    return (params["d"], params["dtype"]) if params.get("name") == "flash2_triton" and "d" in params else None
+
+
+def _plan(item, tmp_path_factory):
+    """flash2_triton's builds of each (d, dtype) of the selected cases compile in subprocesses at the session's start
+    (tests/ahead.py; tests/test_flash2_triton_gpu.py says how): Triton compiles one build at a time in this one."""
+    yield from triton_warm_ups(item, _triton_pair)
+
+
+AHEAD = Ahead(_plan, first=True)
+start_ahead = AHEAD.fixture()
 
 
 def _inputs(cp, dtype, Tq, Tk, d, mag, seed):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["kernels.bench", "kernels.bench.decode", "kernels.bench.varlen", "kernels.bench.sampling",
@@ -16,9 +17,24 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+def _plan(item, tmp_path_factory):
+    """Every command's subprocess starts with the session's other work (tests/ahead.py)."""
+    import kernels
+
+    module = item.callspec.params["module"]
+    if item.originalname == "test_help_starts_nothing":
+        yield (module, "--help"), run, (module, "--help")
+    elif item.originalname == "test_without_a_gpu_a_run_says_why" and kernels.gpu_unavailable_reason() is not None:
+        yield (module,), run, (module,)
+
+
+AHEAD = Ahead(_plan)
+start_ahead = AHEAD.fixture()
+
+
 @pytest.mark.parametrize("module", COMMANDS)
 def test_help_starts_nothing(module):
-    res = run(module, "--help")
+    res = AHEAD.result((module, "--help"), run, module, "--help")
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith(f"usage: python3 -m {module} "), res.stdout[:200]
 
@@ -29,6 +45,6 @@ def test_without_a_gpu_a_run_says_why(module):
 
     if kernels.gpu_unavailable_reason() is None:
         pytest.skip("a GPU is here: the benchmark would run")
-    res = run(module)
+    res = AHEAD.result((module,), run, module)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert "Traceback" not in res.stderr and "needs" in (res.stdout + res.stderr), res.stderr

@@ -36,14 +36,23 @@ def _selfcheck_command():
                           capture_output=True, text=True, timeout=120)
 
 
+def _benchmark_help():
+    return subprocess.run([sys.executable, "-m", "kernels.bench.context_parallel", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
 def _plan(item, tmp_path_factory):
     """The groups of processes start together (tests/ahead.py): each waits on its own processes, not on Python."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if item.originalname in ("test_every_schedule_matches_the_float64_reference",
                              "test_bad_input_raises_the_same_error_on_every_rank"):
         yield ("world", params["world"]), selfcheck.spawn, (params["world"], "all", 60)
+    elif item.originalname == "test_a_dead_or_silent_rank_ends_the_call_with_a_message":
+        yield ("fault", params["job"]), selfcheck.spawn, (2, params["job"], 2)
     elif item.originalname == "test_selfcheck_command_prints_its_check":
         yield "command", _selfcheck_command, ()
+    elif item.originalname == "test_benchmark_help_starts_nothing":
+        yield "help", _benchmark_help, ()
 
 
 AHEAD = Ahead(_plan)
@@ -84,7 +93,7 @@ def test_bad_input_raises_the_same_error_on_every_rank(world, name):
 def test_a_dead_or_silent_rank_ends_the_call_with_a_message(job, within_s):
     """rank 1 exits (dead) or sleeps past the group's 2 s timeout (hung) instead of calling forward: rank 0 raises
     a RuntimeError that says so, within seconds."""
-    results = {r["rank"]: r for r in selfcheck.spawn(2, job, timeout_s=2)}
+    results = {r["rank"]: r for r in AHEAD.result(("fault", job), selfcheck.spawn, 2, job, 2)}
     r0 = results[0]
     assert r0["raised"] == "RuntimeError", r0
     assert "a rank died or did not call" in r0["message"], r0["message"]
@@ -138,8 +147,7 @@ def test_selfcheck_command_prints_its_check():
 
 
 def test_benchmark_help_starts_nothing():
-    res = subprocess.run([sys.executable, "-m", "kernels.bench.context_parallel", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = AHEAD.result("help", _benchmark_help)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("usage: python3 -m kernels.bench.context_parallel "), res.stdout[:200]
 

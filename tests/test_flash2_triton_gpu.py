@@ -5,15 +5,92 @@ Needs a GPU, torch and Triton; where one of them is missing these tests skip wit
 the float64 backward they compare with is tested on the CPU in tests/test_reference_backward.py.
 """
 
+import importlib.util
 import itertools
 import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from ahead import Ahead
 
 import kernels
 import reference as R
 from kernels.pytorch import flash2_triton as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiling ahead (tests/ahead.py): each (d, dtype) of the grid is four Triton builds (the forward and the backward's
+# dK/dV and dQ kernels, causal and not) and Triton compiles one at a time in this process, about a second each. A
+# subprocess per (d, dtype) runs the launchers once on a small input at the session's start, which compiles the same
+# builds into Triton's cache on disk; a test then loads them from there (or compiles what is not there yet).
+# tests/test_attention_gpu.py starts the same warm-ups for its flash2_triton cases.
+# ---------------------------------------------------------------------------------------------------------
+
+WARM = r"""
+import sys
+import cupy as cp
+import reference as R
+from kernels.pytorch import flash2_triton as F
+d, dtype = int(sys.argv[1]), sys.argv[2]
+q, k, v = (cp.asarray(x.astype(dtype)) for x in R.make_qkv(1, 1, 40, d, 40, seed=0))
+for causal in (False, True):
+    o, lse = F.forward(q, k, v, causal=causal, return_lse=True)
+    F.backward(q, k, v, o, lse, q, causal=causal)
+cp.cuda.Device().synchronize()
+"""
+
+
+_WARMED: set = set()  # the (d, dtype) warm-ups started in this session
+_WARMED_LOCK = threading.Lock()
+
+
+def warm_triton(d: int, dtype: str) -> subprocess.CompletedProcess | None:
+    """flash2_triton's builds of (d, dtype), compiled in a subprocess into Triton's disk cache, once a session (None
+    where another file's plan has started it already). No test reads the result: a test's own launch compiles
+    whatever is not in the cache, and fails or passes on its own."""
+    with _WARMED_LOCK:
+        if (d, dtype) in _WARMED:
+            return None
+        _WARMED.add((d, dtype))
+    return subprocess.run([sys.executable, "-c", WARM, str(d), dtype], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+WARM_MIN = 3  # fewer (d, dtype) than this (a -k slice, e.g. compute-sanitizer's) compile here as soon
+_PAIRS: dict = {}  # (session, module) -> the (d, dtype) its selected tests need
+
+
+def triton_warm_ups(item, pair_of):
+    """The plan entry (key, function, args) that warms the (d, dtype) pair_of(item) names (None: no Triton build),
+    where a GPU, torch and Triton are here and the file's selected tests need at least WARM_MIN pairs."""
+    pair = pair_of(item)
+    if pair is None:
+        return
+    key = (id(item.session), item.module.__name__)
+    if key not in _PAIRS:
+        _PAIRS[key] = {pair_of(i) for i in item.session.items if getattr(i, "module", None) is item.module} - {None}
+    if len(_PAIRS[key]) >= WARM_MIN and importlib.util.find_spec("torch") and importlib.util.find_spec("triton") \
+            and kernels.gpu_unavailable_reason() is None:
+        yield ("triton", *pair), warm_triton, pair
+
+
+def _gradient_pair(item):
+    if item.originalname == "test_gradients_match_reference":
+        return item.callspec.params["d"], item.callspec.params["dtype"]
+    return None
+
+
+def _plan(item, tmp_path_factory):
+    yield from triton_warm_ups(item, _gradient_pair)
+
+
+AHEAD = Ahead(_plan, first=True)
+start_ahead = AHEAD.fixture()
 
 
 @pytest.fixture(scope="session")  # session, like `gpu`: so that it is set up (and skips) before `gpu`

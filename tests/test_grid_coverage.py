@@ -10,9 +10,11 @@ that --full-grid collects strictly more. Moving a case to the full grid fails he
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 import kernels
 
@@ -42,20 +44,33 @@ sys.exit(code)
 """
 
 
-def _collect(tmp_path_factory, full):
-    out = tmp_path_factory.mktemp("grid") / "items.json"
-    args = [sys.executable, "-c", COLLECT, str(out), *FILES] + (["--full-grid"] if full else [])
-    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return json.loads(out.read_text())
+def _collect(full: bool):
+    """[node id, params] of every item the GPU files collect, by default or with --full-grid. --no-prebuild: the
+    collection compiles nothing (this session's own start has compiled the builds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "items.json"
+        args = [sys.executable, "-c", COLLECT, str(out), "--no-prebuild", *FILES] + (["--full-grid"] if full else [])
+        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return json.loads(out.read_text())
+
+
+def _plan(item, tmp_path_factory):
+    """Both collections start with the session's other work (tests/ahead.py), each a subprocess of its own."""
+    if "grids" in item.fixturenames:
+        yield from ((full, _collect, (full,)) for full in (False, True))
+
+
+AHEAD = Ahead(_plan)
+start_ahead = AHEAD.fixture()
 
 
 @pytest.fixture(scope="module")
-def grids(tmp_path_factory):
+def grids():
     import concurrent.futures
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two subprocesses: both collections at once
-        default, full = (pool.submit(_collect, tmp_path_factory, full) for full in (False, True))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # where nothing started them (xdist): both at once here
+        default, full = (pool.submit(AHEAD.result, full, _collect, full) for full in (False, True))
         return {"default": default.result(), "full": full.result()}
 
 

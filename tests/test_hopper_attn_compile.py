@@ -18,17 +18,15 @@ the registers that setmaxnreg's budget assumes (168 with two consumer warpgroups
 tests/test_compile.py compiles the same file for sm_80..sm_90, where the kernels are stubs.
 """
 
-import os
 import re
 import shutil
-import subprocess
 
 import pytest
 from ahead import Ahead
 
 from kernels import core
 from kernels.hopper import hopper_attn as A
-from test_hopper_compile import _nvrtc_available, _per_function, _run, cubin_file
+from test_hopper_compile import _nvrtc_available, _per_function, _run, cubin_file, nvcc_sm90a
 from test_hopper_compile import cuobjdump, sass  # noqa: F401 (fixtures: disassembly of this module's cubin)
 
 ARCH = "sm_90a"
@@ -67,6 +65,8 @@ def _plan(item, tmp_path_factory):
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if "build" in params and _nvrtc_available():
         yield params["build"], _nvrtc_build, (params["build"],)
+    elif item.originalname == "test_nvcc_builds_sm90a_without_spills" and shutil.which("nvcc"):
+        yield "nvcc", nvcc_sm90a, (core.kernel_path(A.KERNEL_FILE), tmp_path_factory.mktemp("nvcc"))
 
 
 AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
@@ -167,10 +167,7 @@ def test_registry_entry():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 def test_nvcc_builds_sm90a_without_spills(tmp_path):
-    cu = core.kernel_path(A.KERNEL_FILE)
-    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
-           "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
-    res = subprocess.run(cmd, capture_output=True, text=True)  # the .cu defaults: overlap and ping-pong on
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    cmd, res = AHEAD.result("nvcc", nvcc_sm90a, core.kernel_path(A.KERNEL_FILE), tmp_path)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"  # the .cu defaults: overlap and ping-pong on
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
     assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == len(A.KERNEL_NAMES), res.stderr

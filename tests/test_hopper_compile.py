@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ahead import Ahead
 
 from kernels import core
 from kernels.hopper import hopper_gemm as H
@@ -205,13 +206,28 @@ def test_compile_error_carries_the_log():
         core.compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "broken.cu", ARCH)
 
 
+def nvcc_sm90a(cu: Path, out_dir: Path):
+    """(command, result) of the file alone, as a reader would build it: nvcc -gencode=arch=compute_90a,code=sm_90a,
+    with ptxas's register and spill report (the .cu defaults: no -D)."""
+    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
+           "--resource-usage", "-o", os.fspath(out_dir / "k.o"), os.fspath(cu)]
+    return cmd, subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _plan(item, tmp_path_factory):
+    """The nvcc build starts with the session's other work (tests/ahead.py)."""
+    if item.originalname == "test_nvcc_builds_sm90a_without_spills" and shutil.which("nvcc"):
+        yield "nvcc", nvcc_sm90a, (core.kernel_path(H.KERNEL_FILE), tmp_path_factory.mktemp("nvcc"))
+
+
+AHEAD = Ahead(_plan)
+start_ahead = AHEAD.fixture()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 def test_nvcc_builds_sm90a_without_spills(tmp_path):
     """The file alone, as a reader would build it: nvcc -gencode=arch=compute_90a,code=sm_90a (ptxas's own report)."""
-    cu = core.kernel_path(H.KERNEL_FILE)
-    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
-           "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    cmd, res = AHEAD.result("nvcc", nvcc_sm90a, core.kernel_path(H.KERNEL_FILE), tmp_path)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
     assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == len(H.KERNEL_NAMES), res.stderr

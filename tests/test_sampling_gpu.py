@@ -19,6 +19,7 @@ few cases, and a row too long for any cluster. By default a covering part of the
 LISTS_DEFAULT, _cluster_cases); `pytest --full-grid` runs all of them.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -45,15 +46,34 @@ def make_logits(rows, V, *, std=1.0, seed=0, kind="normal"):
     return x.astype(np.float32)
 
 
-def kept_lengths(logits, temperature, top_k, top_p, margin=MARGIN):
+class Plain:
+    """The float64 quantities of one array of logits at one temperature that the checks below share: the plain
+    probabilities (no top-k or top-p) and the ranking, each computed at its first use. A case makes one and hands it to
+    every check of those logits (at a vocabulary of 10^5 to 10^6 each takes a second or so); a check given none makes
+    its own."""
+
+    def __init__(self, logits, temperature):
+        self.logits, self.temperature = logits, temperature
+
+    @functools.cached_property
+    def probs(self):
+        return R.sampling_probs(self.logits, self.temperature)[0]  # plain softmax: no top-k or top-p
+
+    @functools.cached_property
+    def order(self):
+        return R.ranking(self.logits)
+
+
+def kept_lengths(logits, temperature, top_k, top_p, margin=MARGIN, plain=None):
     """Per row (lo, hi): the lengths of the ranking's prefix that a float32 computation may keep. The reference
     keeps the tokens whose preceding mass (in ranking order, within the top k) is below p * total; a length is
     allowed when its boundary lies within margin * total of p * total. Tokens of zero probability (-inf logits)
-    are never counted."""
-    probs = R.sampling_probs(logits, temperature)[0]  # plain softmax: no top-k or top-p
+    are never counted. plain: a Plain of these logits and temperature."""
+    plain = plain or Plain(logits, temperature)
+    probs = plain.probs
     V = logits.shape[1]
     kk = top_k if 0 < top_k < V else V
-    ranked = np.take_along_axis(probs, R.ranking(logits), axis=1)
+    ranked = np.take_along_axis(probs, plain.order, axis=1)
     ranked[:, kk:] = 0
     positive = (ranked > 0).sum(axis=1)
     if top_p >= 1.0:
@@ -66,13 +86,14 @@ def kept_lengths(logits, temperature, top_k, top_p, margin=MARGIN):
     return np.minimum(lo, positive), np.minimum(hi, positive)
 
 
-def check_kept_set(logits, temperature, top_k, top_p, kept):
+def check_kept_set(logits, temperature, top_k, top_p, kept, plain=None):
     """kept (rows, V) bool, the GPU's nonzero probabilities: a prefix of the ranking of an allowed length."""
+    plain = plain or Plain(logits, temperature)
     n = kept.sum(axis=1)
-    ranked = np.take_along_axis(kept, R.ranking(logits), axis=1)
+    ranked = np.take_along_axis(kept, plain.order, axis=1)
     prefix = (ranked == (np.arange(kept.shape[1])[None, :] < n[:, None])).all(axis=1)
     assert prefix.all(), f"rows {np.flatnonzero(~prefix)}: the kept set is not a prefix of the ranking"
-    lo, hi = kept_lengths(logits, temperature, top_k, top_p)
+    lo, hi = kept_lengths(logits, temperature, top_k, top_p, plain=plain)
     bad = (n < lo) | (n > hi)
     assert not bad.any(), f"rows {np.flatnonzero(bad)} keep {n[bad]} tokens; float32 may keep {lo[bad]}..{hi[bad]}"
 
@@ -88,10 +109,10 @@ def token_distance(probs, u, tokens):
     return np.maximum(0.0, np.maximum(below - target, target - above)) / cum[:, -1]
 
 
-def check_tokens(logits, temperature, kept, tokens, seed, offset):
+def check_tokens(logits, temperature, kept, tokens, seed, offset, plain=None):
     """tokens: the float64 inverse-CDF draw over the kept set for the rows' Philox uniforms, or within MARGIN of it."""
-    plain = R.sampling_probs(logits, temperature)[0]
-    probs = np.where(kept, plain, 0.0)
+    plain = plain or Plain(logits, temperature)
+    probs = np.where(kept, plain.probs, 0.0)
     probs /= probs.sum(axis=1, keepdims=True)
     assert (probs[np.arange(len(probs)), tokens] > 0).all(), "a token outside the kept set"
     u = R.philox_uniform(seed, np.arange(len(probs)), offset)
@@ -163,14 +184,15 @@ def run_case(gpu, x, T, k, p, seed, offset, **kw):
                               return_probs=True, **kw)
     probs, tokens = probs.get(), tokens.get()
     kept = probs > 0
-    check_kept_set(x, T, k, p, kept)
+    shared = Plain(x, T)  # the plain probabilities and the ranking, computed once for the checks below
+    check_kept_set(x, T, k, p, kept, plain=shared)
     same = (kept == (ref_probs > 0)).all(axis=1)
     if same.any():
         res = kernels.check(probs[same], ref_probs[same], "float32")
         assert res.ok, res.detail()
-    check_tokens(x, T, kept, tokens, seed, offset)
+    check_tokens(x, T, kept, tokens, seed, offset, plain=shared)
     plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset, **kw).get()
-    check_tokens(x, T, kept, plain, seed, offset)
+    check_tokens(x, T, kept, plain, seed, offset, plain=shared)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -188,18 +210,19 @@ def test_probs_and_tokens_match_reference(gpu, poison, case):
 
     # kept sets: a prefix of the ranking, exactly the reference's unless float32 rounding at p can move its end
     kept = probs > 0
-    check_kept_set(x, T, k, p, kept)
+    shared = Plain(x, T)  # the plain probabilities and the ranking, computed once for the checks below
+    check_kept_set(x, T, k, p, kept, plain=shared)
     same = (kept == (ref_probs > 0)).all(axis=1)
     # probabilities to float32 rounding (rows with the reference's kept set)
     if same.any():
         res = kernels.check(probs[same], ref_probs[same], "float32")
         assert res.ok, res.detail()
     # tokens: the inverse-CDF draw over that kept set for the same seed
-    check_tokens(x, T, kept, tokens, seed, offset)
+    check_tokens(x, T, kept, tokens, seed, offset, plain=shared)
     # without return_probs a top-k draw takes another route (among the gathered survivors): the same rule
     plain = SM.sample(gpu.asarray(x), temperature=T, top_k=k, top_p=p, seed=seed, offset=offset,
                       **METHODS[method]).get()
-    check_tokens(x, T, kept, plain, seed, offset)
+    check_tokens(x, T, kept, plain, seed, offset, plain=shared)
 
 
 CLUSTER_CASES = [  # V, std, kind, temperature, top_k, top_p: run through every cluster size on 3 rows

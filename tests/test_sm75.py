@@ -64,12 +64,29 @@ def test_the_t4_files_exist():
     assert set(SM75_FILES) <= set(CU), sorted(set(SM75_FILES) - set(CU))
 
 
+def _bfloat16_build(name):
+    """(source, file, "sm_75", options, name expressions) of the bfloat16 build of `name` that must not compile."""
+    cu = CU[name]
+    exprs, defines = launcher_of(cu).NVRTC_BUILDS[-1 if name == "cublas_half.cu" else 0]
+    return cu.read_text(), cu.name, "sm_75", _options(defines), tuple(exprs)
+
+
 def _plan(item, tmp_path_factory):
-    if item.originalname == "test_sm75_build_holds_real_kernels" and _nvrtc_available():
+    if not _nvrtc_available():
+        return
+    if item.originalname == "test_sm75_build_holds_real_kernels":
         cu = CU[item.callspec.params["name"]]
         for name_expressions, defines in sm75_builds(cu):
             args = (cu.read_text(), cu.name, "sm_75", _options(defines), tuple(name_expressions))
             yield args, core.compile_program, args
+    elif item.originalname == "test_compute_75_ptx_holds_the_kernels":
+        cu = CU[item.callspec.params["name"]]
+        for name_expressions, defines in sm75_builds(cu):
+            args = (core.kernel_text(cu.name), cu.name, "compute_75", _options(defines), tuple(name_expressions))
+            yield args, core.compile_program, args
+    elif item.originalname == "test_bfloat16_builds_need_sm80":
+        args = _bfloat16_build(item.callspec.params["name"])
+        yield args, core.compile_program, args
 
 
 AHEAD = Ahead(_plan)  # tests/ahead.py: this file's builds start together, a thread per core
@@ -106,8 +123,8 @@ def test_compute_75_ptx_holds_the_kernels(name):
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
     cu = CU[name]
     for name_expressions, defines in sm75_builds(cu):
-        ptx, _, lowered = core.compile_program(core.kernel_text(cu.name), cu.name, "compute_75", _options(defines),
-                                               tuple(name_expressions))
+        args = (core.kernel_text(cu.name), cu.name, "compute_75", _options(defines), tuple(name_expressions))
+        ptx, _, lowered = AHEAD.result(args, core.compile_program, *args)
         text = ptx.decode(errors="replace")
         assert ".target sm_75" in text
         assert "cp.async" not in text and "cvt.rn.f16x2" not in text and "redux" not in text
@@ -119,10 +136,9 @@ def test_compute_75_ptx_holds_the_kernels(name):
 def test_bfloat16_builds_need_sm80(name, reason):
     """Why bfloat16 is refused on 7.5: its builds do not compile for sm_75 (the launchers raise before compiling)."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
-    cu = CU[name]
-    exprs, defines = launcher_of(cu).NVRTC_BUILDS[-1 if name == "cublas_half.cu" else 0]
+    args = _bfloat16_build(name)
     with pytest.raises(core.CompileError, match=re.escape(reason)):
-        core.compile_program(cu.read_text(), cu.name, "sm_75", _options(defines), tuple(exprs))
+        AHEAD.result(args, core.compile_program, *args)
 
 
 def test_registry_says_what_runs_on_a_t4():

@@ -63,7 +63,7 @@ def _plan(item, tmp_path_factory):
         yield test_file, _simulated_run, (test_file,)
 
 
-AHEAD = Ahead(_plan)
+AHEAD = Ahead(_plan, first=True)  # the session's longest jobs (a whole test file each): started before the others
 start_ahead = AHEAD.fixture()
 
 
