@@ -13,7 +13,7 @@
     inference/  chapters 08-09: decoding over a KV cache, varlen batches
     sampling/   chapter 10: from logits to tokens
     pytorch/    chapters 11-12: FlashAttention-2 in Triton, the PyTorch custom operators
-    hopper/     chapter 13: TMA, mbarriers and wgmma on sm_90a
+    hopper/     chapters 13, 16: TMA, mbarriers and wgmma on sm_90a, the forward on them (13), the backward (16)
     parallel/   chapter 14: attention across GPUs (ring, zigzag, all-to-all) over torch.distributed
     bench/      the command-line benchmarks (python3 -m kernels.bench[.decode|.varlen|...]) and the profiler
 

@@ -47,7 +47,7 @@ def torch_found(monkeypatch):
     monkeypatch.setattr(run_all.importlib.util, "find_spec", lambda name: object())
 
 
-@pytest.mark.parametrize("cc, runs", [((7, 5), CPU | {"01", "02", "03", "04", "05"}), ((8, 6), ALL - {"13"}),
+@pytest.mark.parametrize("cc, runs", [((7, 5), CPU | {"01", "02", "03", "04", "05"}), ((8, 6), ALL - {"13", "16"}),
                                       ((9, 0), ALL)])
 def test_skip_reason_follows_the_gpu(monkeypatch, cc, runs):
     monkeypatch.setattr(kernels, "gpu_unavailable_reason", lambda: None)

@@ -47,10 +47,7 @@ def test_notebook_kernel_files_exist(path):
 
 # Kernel files that no notebook shows yet, each with the reason: a kernel waiting for its first GPU verification
 # before a chapter teaches it. The exemption must go once a notebook shows the file.
-NOT_YET_TAUGHT = {
-    "hopper_attn_bwd.cu": "the Hopper backward: verified on an H100 and run by the PyTorch operator there, but no "
-                          "chapter explains it yet (notebook 13 gains a section)",
-}
+NOT_YET_TAUGHT: dict[str, str] = {}
 
 
 def test_every_kernel_is_taught():
