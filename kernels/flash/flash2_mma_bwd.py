@@ -268,7 +268,7 @@ def backward_variants(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=Non
     classifies the tiles first; with Hq > Hkv a float32 scratch holds each query head's dK and dV until the reduce."""
     dev = current_device()
     if _grouped(q, k):
-        B, H, _, Tq, Tk, d = _validate_grouped(q, k, v, dev)
+        B, H, _, Tq, Tk, d = _validate_grouped(q, k, v, dev, MAX_D, WHAT)
     else:  # the same heads (or a shape validate_attention rejects with the precise error)
         B, H, Tq, Tk, d, _ = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, d_multiple=D_MULTIPLE,
                                                 what=WHAT, align=ALIGN)
