@@ -134,3 +134,9 @@ def test_bad_options_on_the_gpu(gpu):
         flash2_mma_bwd.backward(q, k, v, o, lse[:, :, :8].copy(), do, causal=True, window=(8, 0))
     with pytest.raises(ValueError, match=r"dk has shape"):
         flash2_mma_bwd.backward(q, k, v, o, lse, do, dk=cp.empty_like(q))
+    # the forward takes d = 256, the backward not (d <= 128), with k and v of fewer heads too
+    q256, kv256 = cp.zeros((1, 4, 16, 256), dtype=cp.float16), cp.zeros((1, 2, 16, 256), dtype=cp.float16)
+    for kv in (q256, kv256):
+        with pytest.raises(ValueError, match=r"d=256 is larger than flash2_mma_bwd attention backward supports "
+                                             r"\(d <= 128\)"):
+            flash2_mma_bwd.backward(q256, kv, kv, q256, lse[:1, :, :16].copy(), q256)
