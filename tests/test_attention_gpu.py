@@ -1,7 +1,7 @@
 """Every registered attention variant against the float64 reference, on the GPU.
 
 The grid covers sequence lengths that are and are not multiples of any tile, every head size the
-variant accepts from {16, 32, 64, 128}, causal and not, more and fewer queries than keys (rows that see no key
+variant accepts from {16, 32, 64, 128, 256}, causal and not, more and fewer queries than keys (rows that see no key
 under the causal mask), B and H > 1, and large-magnitude inputs that overflow a softmax without max-subtraction.
 By default a covering part of that grid (see _cases); `pytest --full-grid` runs all of it. Outputs are poisoned (NaN)
 before each launch, so an element a kernel does not write fails.
@@ -18,7 +18,7 @@ import kernels
 import reference as R
 
 T_VALUES = [1, 7, 32, 33, 100, 257, 1024]
-D_VALUES = [16, 32, 64, 128]
+D_VALUES = [16, 32, 64, 128, 256]  # 256: Gemma's head size (flash2_mma's D = 256 build, naive, cuBLAS)
 VARIANTS_BY_NAME = kernels.tested_variants()  # REGISTRY and STAGING
 VARIANTS = sorted(VARIANTS_BY_NAME)
 
@@ -144,7 +144,7 @@ def test_variant_is_deterministic_run_to_run(gpu, name):
 
 @pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (257, 33, 32)])
+@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (257, 33, 32), (200, 333, 256)])
 def test_flash2_mma_both_grid_orders(gpu, poison, head_major, causal, Tq, Tk, d):
     """flash2_mma's two grid orders (grid_order picks one per problem, so the grid above meets only one of them
     under a causal mask): o and lse against float64, several query tiles and heads."""
@@ -158,6 +158,35 @@ def test_flash2_mma_both_grid_orders(gpu, poison, head_major, causal, Tq, Tk, d)
     for name, got, want in (("o", o, o_ref), ("lse", lse, lse_ref)):
         res = kernels.check(got, want, "float16")
         assert res.ok, f"{name}, head_major={head_major}: {res.detail()}"
+
+
+@pytest.mark.parametrize("Tq,Tk,d,causal,mag,dtype", [
+    (300, 100, 256, True, 1.0, "float16"),     # Tq > Tk under the causal mask: 200 rows see no key
+    (100, 333, 256, False, 10.0, "bfloat16"),  # Tq < Tk, std-10 logits
+    (1, 257, 256, True, 1.0, "bfloat16"),      # one query row (decoding)
+    (257, 1000, 256, True, 10.0, "float16"),   # several query tiles against a longer key range
+    (129, 200, 200, True, 1.0, "float16"),     # d between builds: the D = 256 build, columns 200..255 zero-filled
+    (77, 40, 136, True, 1.0, "bfloat16"),
+])
+def test_flash2_mma_d256_ragged(gpu, poison, Tq, Tk, d, causal, mag, dtype):
+    """flash2_mma's D = 256 build (Gemma's head size; the grid above runs it at Tq = Tk = 257) on Tq != Tk, decoding,
+    large logits and head sizes between 128 and 256: o and lse against float64, and a row that sees no key gives
+    exactly 0 and lse = -inf."""
+    from kernels.flash import flash2_mma
+
+    cp = gpu
+    _, dev = _inputs(cp, dtype, Tq, Tk, d, mag, seed=Tq + 7 * Tk + d)
+    host = [x.get().astype(np.float64) for x in dev]
+    o, lse = flash2_mma.forward(*dev, causal=causal, return_lse=True)
+    o_ref, lse_ref = R.attention(*host, causal=causal, return_lse=True)
+    assert o.dtype == dev[0].dtype and o.shape == o_ref.shape and lse.shape == lse_ref.shape
+    for name, got, want in (("o", o, o_ref), ("lse", lse, lse_ref)):
+        res = kernels.check(got, want, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    empty = np.isneginf(lse_ref)
+    assert empty.any() == (causal and Tq > Tk)
+    if empty.any():
+        assert bool((o.get()[empty] == 0).all()) and bool(np.isneginf(lse.get()[empty]).all())
 
 
 # Each case forces the row-by-row loop, a build of its own per (head-size build, dtype). By default every head-size

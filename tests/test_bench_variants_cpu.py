@@ -164,7 +164,7 @@ def test_rows_carry_the_issues_ratios():
              ("causal", "sdpa_cudnn"): fake([0.9, 0.9, 0.9]),
              ("window1024", "flash2_mma"): fake([0.5, 0.5, 0.5]), ("window1024", "flex"): fake([0.8, 0.8, 0.8]),
              ("softcap30", "flash2_mma"): fake([1.2, 1.2, 1.2]), ("softcap30", "flex"): fake([3.0, 3.0, 3.0])}
-    notes = {("d256", "flash2_mma"): "not supported: head dimension 256 > 128"}
+    notes = {("d256", "hopper_attn"): "not supported: head dimension 256 > 128"}
     rows = BV.rows_from_timings(T, cases, times, notes, {})
     assert len(rows) == len(cases) * len(BV.IMPLS)
     r = {(x["case"], x["impl"]): x for x in rows}
@@ -175,7 +175,7 @@ def test_rows_carry_the_issues_ratios():
     assert r["softcap30", "flex"]["vs causal"] == pytest.approx(2.0)
     frac = BV.visible_pairs(BV.CASE["window1024"], T) / BV.visible_pairs(BV.CASE["causal"], T)
     assert r["window1024", "flash2_mma"]["vs causal x area"] == pytest.approx(0.5 / frac)
-    assert r["d256", "flash2_mma"]["note"].startswith("not supported") and "ms" not in r["d256", "flash2_mma"]
+    assert r["d256", "hopper_attn"]["note"].startswith("not supported") and "ms" not in r["d256", "hopper_attn"]
     assert r["causal", "flex"]["vs flex"] is None and r["causal", "hopper_attn"]["note"] == "not run"
     assert "GPU: x" in BV.summary({"gpu": "x", "torch": "t", "dtype": "float16", "rows": rows})
 

@@ -95,6 +95,31 @@ def test_shared_memory_over_the_device_limit(gpu, monkeypatch):
         kern((1,), (32,), ())
 
 
+@pytest.mark.parametrize("kernel", ["dense", "variants", "varlen"])
+def test_flash2_mma_tile_over_the_device_limit_names_d(gpu, monkeypatch, kernel):
+    """A GPU that allows a block less shared memory than the D = 256 tile's 99 KB (96 KB here, faked): each flash2_mma
+    launcher raises before it compiles or launches anything, naming d, its build, the tile and the limit."""
+    import dataclasses
+
+    from kernels.flash import flash2_mma
+
+    cp = gpu
+    dev = core.current_device()
+    monkeypatch.setitem(core.device._DEVICE_INFO, dev, dataclasses.replace(core.device_info(dev), smem_optin=96 * 1024))
+    core.clear_launch_caches()  # a launch prepared by an earlier test was checked against the real GPU
+    x = cp.zeros((1, 2, 16, 200), dtype=cp.float16)
+    packed = x[0].transpose(1, 0, 2).copy()  # (total, H, d)
+    cu = cp.asarray(np.array([0, 16], np.int32))
+    calls = {"dense": lambda: flash2_mma.forward(x, x, x, causal=True),
+             "variants": lambda: flash2_mma.forward(x, x, x, window=(4, 0)),
+             "varlen": lambda: flash2_mma.forward_varlen(packed, packed, packed, cu, cu, 16, 16)}
+    with pytest.raises(ValueError, match=r"flash2_mma attention: head dimension d=200 runs on the D=256 build, "
+                                         r"whose tile \(BC, NWARPS, MT, MIN_BLOCKS, ILP\) = \(32, 4, 1, 1, None\) "
+                                         r"needs 101376 bytes of shared memory per block; this GPU allows at most "
+                                         r"98304"):
+        calls[kernel]()
+
+
 def test_block_size_and_packed_layout_errors(gpu):
     cp = gpu
     q = cp.ones((1, 1, 4, 8), dtype=cp.float32)

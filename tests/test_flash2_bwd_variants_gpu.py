@@ -141,3 +141,9 @@ def test_bad_options_on_the_gpu(gpu):
     shifted[...] = k
     with pytest.raises(ValueError, match=r"k starts at address .* flash2_mma_bwd attention backward reads"):
         flash2_mma_bwd.backward(q, shifted, v, o, lse, do)
+    # the forward takes d = 256, the backward not (d <= 128), with k and v of fewer heads too
+    q256, kv256 = cp.zeros((1, 4, 16, 256), dtype=cp.float16), cp.zeros((1, 2, 16, 256), dtype=cp.float16)
+    for kv in (q256, kv256):
+        with pytest.raises(ValueError, match=r"d=256 is larger than flash2_mma_bwd attention backward supports "
+                                             r"\(d <= 128\)"):
+            flash2_mma_bwd.backward(q256, kv, kv, q256, lse[:1, :, :16].copy(), q256)

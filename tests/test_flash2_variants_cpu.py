@@ -2,9 +2,12 @@
 sm_90 and its CUBIN holds the kernel; the launcher's checks of the variant options raise the error that names the
 argument and its limit (variant_spec and check_variant_arrays look at shapes, dtypes and values only); the tile
 arithmetic of the kernel's key_tiles, written out in Python, visits exactly the tiles the reference's block_mask does
-not call EMPTY and calls FULL only tiles the reference calls FULL."""
+not call EMPTY and calls FULL only tiles the reference calls FULL. And the D = 256 builds (dense, varlen, variants):
+which head sizes they take, that their tile fits the shared memory of every GPU the kernel runs on (and the error
+that names d and the limit where a tile does not), and that NVRTC compiles them for sm_80 and sm_90 without spills."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from ahead import Ahead
 
 import reference.variants as RV
+from kernels import core
 from kernels.flash import flash2_mma as F
 
 ARCHS = ["sm_80", "sm_90"]
@@ -43,10 +47,11 @@ def nvrtc_build(launcher, names, defines, arch):
     return compile_program(source, launcher.KERNEL_FILE, arch, options, tuple(names))
 
 
-def variant_build_plan(launcher):
-    """The Ahead plan of a file whose test_variant_build_compiles_and_holds_its_kernels builds launcher's kernels."""
+def variant_build_plan(launcher, tests=("test_variant_build_compiles_and_holds_its_kernels",)):
+    """The Ahead plan of a file whose tests (by name; each parametrized by names, defines and arch) build launcher's
+    kernels: one build per distinct (names, defines, arch), shared by the tests that ask for it."""
     def plan(item, tmp_path_factory):
-        if item.originalname == "test_variant_build_compiles_and_holds_its_kernels":
+        if item.originalname in tests:
             p = item.callspec.params
             yield (tuple(p["names"]), tuple(p["defines"]), p["arch"]), nvrtc_build, \
                 (launcher, p["names"], p["defines"], p["arch"])
@@ -66,7 +71,9 @@ def variant_build_symbols(ahead, launcher, names, defines, arch) -> set:
     return symbols
 
 
-AHEAD = Ahead(variant_build_plan(F))  # tests/ahead.py: this file's builds start together, a thread per core
+# tests/ahead.py: this file's builds start together, a thread per core
+AHEAD = Ahead(variant_build_plan(F, ("test_variant_build_compiles_and_holds_its_kernels",
+                                     "test_d256_build_compiles_without_spills")))
 start_ahead = AHEAD.fixture()
 
 
@@ -152,10 +159,93 @@ def test_doc_ids_k_defaults_to_doc_ids_q_when_the_lengths_agree():
     assert F.check_variant_arrays(ids, None, None, B=2, Hq=8, Tq=50, Tk=50)[1] is ids
 
 
-def test_d_256_is_beyond_the_tiles():
-    """d = 256 would need 256 accumulator registers per thread for O at MT = 2 (a thread has 255): the launcher's limit
-    is MAX_D = 128, which validate_attention reports (d <= 128)."""
-    assert F.MAX_D == 128 and max(F.HEAD_DIMS) == 128
+# ---- the D = 256 build (Gemma's head size) ------------------------------------------------------------------------
+
+# The GPUs the kernel runs on (compute capability >= 8.0), with the shared memory a block may opt into: 163 KB on an
+# A100, 99 KB on sm_86 and sm_89, 227 KB on an H100 (name, cc, SMs, opt-in bytes, L2 bytes, as DeviceInfo holds them).
+A100 = core.DeviceInfo(0, "NVIDIA A100-SXM4-80GB", (8, 0), 108, 163 * 1024, 40 * 2**20)
+SM86 = core.DeviceInfo(0, "NVIDIA A10", (8, 6), 72, 99 * 1024, 6 * 2**20)
+SM89 = core.DeviceInfo(0, "NVIDIA L4", (8, 9), 58, 99 * 1024, 48 * 2**20)
+H100 = core.DeviceInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 132, 227 * 1024, 50 * 2**20)
+GPUS = (A100, SM86, SM89, H100)
+
+
+def test_d256_build_takes_every_head_size_above_128():
+    """d in (128, 256], a multiple of 8, runs on the D = 256 build, as d <= 128 runs on the next build up; d > 256 has
+    no build (validate_attention then reports d <= 256, on the GPU: tests/test_flash2_variants_gpu.py)."""
+    assert F.MAX_D == 256 and F.HEAD_DIMS == (32, 64, 96, 128, 256)
+    assert {F.BUILD_FOR[d] for d in range(136, 257, 8)} == {256} and F.BUILD_FOR[128] == 128
+    assert 257 not in F.BUILD_FOR and F.VARLEN_TILES[256] == F.TILES[256]
+    names = {n for ns, _ in F.NVRTC_BUILDS for n in ns}
+    for dt in F.DTYPES:
+        assert F.name_expression(256, F.TILES[256], dt) in names
+        assert F.name_expression(256, F.VARLEN_TILES[256], dt, F.VARLEN_KERNEL_NAME) in names
+    for D in (192, 257, 512):  # a multiple of 16 that is not a build, and sizes past the largest
+        with pytest.raises(ValueError, match=rf"D={D} is not one of \(32, 64, 96, 128, 256\)"):
+            F.TILES[256].check(D)
+
+
+def test_d256_tile_fits_every_gpu_of_the_kernel():
+    """The D = 256 tile: one m-tile per warp (O alone is MT D / 2 = 128 float registers per thread), 32 keys per tile,
+    2 (64 + 4 * 32) (256 + 8) = 99 KB of shared memory: within every opt-in limit, exactly sm_86's and sm_89's. By
+    shared memory an H100 holds two such blocks per SM and an A100 one (core.blocks_per_sm's rule: the opt-in limit
+    plus the 1 KB the driver keeps per block)."""
+    tile = F.TILES[256]
+    tile.check(256)
+    assert (tile.BC, tile.NWARPS, tile.MT, tile.rows, tile.threads) == (32, 4, 1, 64, 128)
+    assert tile.MT * 256 // 2 == 128 and tile.loop_for(256) == "ILP"  # the unfused ILP loop (FUSED_MAX_D = 64)
+    smem = tile.smem_bytes(256)
+    assert smem == 2 * (64 + 4 * 32) * (256 + 8) == 99 * 1024 == SM86.smem_optin == SM89.smem_optin
+    for gpu in GPUS:
+        F.check_shared_memory_fits(tile, 256, 256, gpu.smem_optin)
+    per_sm = {gpu.name: (gpu.smem_optin + 1024) // (smem + 1024) for gpu in GPUS}
+    assert per_sm == {A100.name: 1, SM86.name: 1, SM89.name: 1, H100.name: 2}
+
+
+@pytest.mark.parametrize("tile,D,d,gpu,needs", [
+    ((64, 4, 1, 1), 256, 256, A100, 168960),  # 64 keys per tile: 165 KB, over an A100's 163 KB
+    ((32, 8, 1, 1), 256, 200, SM86, 135168),  # 8 warps (BR = 128): 132 KB, over sm_86's 99 KB
+    ((32, 8, 1, 1), 256, 136, SM89, 135168),
+])
+def test_a_tile_over_the_gpu_limit_names_d_and_the_limit(tile, D, d, gpu, needs):
+    with pytest.raises(ValueError, match=rf"flash2_mma attention: head dimension d={d} runs on the D={D} build, whose "
+                                         rf"tile \(BC, NWARPS, MT, MIN_BLOCKS, ILP\) = \({', '.join(map(str, tile))}, "
+                                         rf"None\) needs {needs} bytes of shared memory per block; this GPU allows at "
+                                         rf"most {gpu.smem_optin}"):
+        F.check_shared_memory_fits(F.MmaTile(*tile), D, d, gpu.smem_optin)
+    F.check_shared_memory_fits(F.MmaTile(*tile), D, d, H100.smem_optin)  # an H100 takes either
+
+
+def _d256_builds():
+    return [(names, defines) for names, defines in F.NVRTC_BUILDS
+            if names and names[0].split("<")[1].startswith("256,")]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("names,defines", _d256_builds(),
+                         ids=lambda x: (x[0] if len(x) == 1 else x[0].rsplit(",", 1)[0] + ", 0..7>")
+                         if isinstance(x, tuple) and x and not x[0].startswith("-D") else "")
+def test_d256_build_compiles_without_spills(tmp_path, names, defines, arch):
+    """Each D = 256 build of the launcher (dense and varlen in fp16 and bf16, the eight variant builds of each dtype):
+    NVRTC compiles it without a warning, its CUBIN holds every kernel, and cuobjdump finds no stack, no local memory
+    and no local loads or stores (spills) in them: O (128 floats per thread), S and the fragments fit 255 registers."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings is not installed")
+    from test_hopper_compile import _per_function, _run, cuobjdump_for
+
+    variant_build_symbols(AHEAD, F, names, defines, arch)  # warning-free, every name expression in the CUBIN
+    cubin, _, lowered = AHEAD.result((tuple(names), tuple(defines), arch), nvrtc_build, F, names, defines, arch)
+    path = tmp_path / "d256.cubin"
+    path.write_bytes(cubin)
+    tool = cuobjdump_for(path)
+    usage = {name: (int(reg), int(stack), int(local)) for name, reg, stack, local in re.findall(
+        r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", _run(tool, "-res-usage", str(path)))}
+    sass = _per_function(_run(tool, "-sass", str(path)), r"Function : (\w+)")
+    for expr in names:
+        name = lowered[expr]
+        reg, stack, local = usage[name]
+        assert reg <= 255 and stack == 0 and local == 0, \
+            f"{expr} ({arch}): {reg} registers, stack {stack} and local memory {local} bytes"
+        assert not re.search(r"\b(?:LDL|STL)\b", sass[name]), f"{expr} ({arch}): local-memory loads/stores (spills)"
 
 
 # ---- the tile arithmetic of key_tiles against the reference's block mask ---------------------------------------------

@@ -1,8 +1,10 @@
 """flash2_mma's variant kernel (flash2_mma_variants) against the float64 oracle reference.variants.attention_variant,
 on the GPU: GQA/MQA (Hq / Hkv = 1, 2, 4, 8), sliding windows with and without causal (some leaving rows that see no
 key: o = 0, lse = -inf), prefix-LM, document ids (documents of one token, Tq != Tk, query documents no key belongs
-to), tanh soft-capping, ALiBi and their mixes; float16 and bfloat16, d = 64 and 128, ragged lengths, std-10 inputs.
-Outputs are poisoned (NaN) before each launch. About a hundred cases, a few seconds once the builds are compiled."""
+to), tanh soft-capping, ALiBi and their mixes; float16 and bfloat16, d = 64 and 128 (and d = 256, Gemma's head size,
+on a subset: GQA, causal, window, documents, softcap, all of them at once), ragged lengths, std-10 inputs; the limits of
+the head size. Outputs are poisoned (NaN) before each launch. About 130 cases, a few seconds once the builds are
+compiled."""
 
 import numpy as np
 import pytest
@@ -87,10 +89,17 @@ def _options(cp, B, Hq, Tq, Tk, options):
     return gpu, ref
 
 
+# The cases that also run at d = 256 (the D = 256 build, BR = 64 query rows and BC = 32 keys per tile): GQA 4 with
+# Tq < Tk and std-10 inputs, MQA causal with rows that see no key, a causal window, a window that leaves rows without
+# a key, documents with a query document no key belongs to, softcap, and every option at once.
+D256_CASES = {"gqa4-full-x10", "mqa8-causal-Tq>Tk", "gqa1-window-causal", "window-diagonal-Tq>Tk", "docs-cross",
+              "softcap30-causal-x10", "all-mods-gqa4"}
+
+
 def _variant_cases():
     for case in CASES:
         for dtype in DTYPES:
-            for d in HEAD_DIMS:
+            for d in HEAD_DIMS + ([256] if case[0] in D256_CASES else []):
                 yield pytest.param(dtype, d, *case[1:], id=f"{case[0]}-{dtype}-d{d}")
 
 
@@ -130,7 +139,7 @@ def test_gqa_ratios(gpu, poison, Hkv, causal):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (257, 33, 32), (100, 7, 96)])
+@pytest.mark.parametrize("Tq,Tk,d", [(300, 300, 64), (129, 1000, 128), (257, 33, 32), (100, 7, 96), (200, 333, 256)])
 def test_variant_kernel_without_options_gives_the_dense_bits(gpu, poison, dtype, causal, Tq, Tk, d):
     """forward_variants with no option runs the band of the causal mask (or none) through key_tiles: the same tiles,
     the same FULL / masked split and the same arithmetic as the dense kernel, so the same bits of o and lse."""
@@ -167,6 +176,25 @@ def test_bad_arrays_on_the_gpu(gpu):
 
     cp = gpu
     assert_bad_variant_arrays_raise(cp, flash2_mma.forward)
-    with pytest.raises(ValueError, match=r"d=256.*d <= 128"):
-        big = cp.zeros((1, 2, 16, 256), dtype=cp.float16)
+    with pytest.raises(ValueError, match=r"d=264.*d <= 256"):
+        big = cp.zeros((1, 2, 16, 264), dtype=cp.float16)
         flash2_mma.forward(big, big, big, softcap=30.0)
+
+
+@pytest.mark.parametrize("d,error", [
+    pytest.param(257, r"head dimension d=257 is larger than flash2_mma attention supports \(d <= 256\)", id="d257"),
+    pytest.param(264, r"head dimension d=264 is larger .*\(d <= 256\)", id="d264"),
+    pytest.param(252, r"head dimension d=252 must be a multiple of 8 for flash2_mma attention", id="d252"),
+])
+def test_head_size_limits(gpu, d, error):
+    """d past the largest build (256) or not a multiple of 8: the same ValueError from the dense kernel's launcher and
+    the variant kernel's (an option; k and v with fewer heads than q)."""
+    from kernels.flash import flash2_mma
+
+    cp = gpu
+    q = cp.zeros((1, 4, 16, d), dtype=cp.float16)
+    kv = cp.zeros((1, 2, 16, d), dtype=cp.float16)
+    for call in (lambda: flash2_mma.forward(q, q, q, causal=True), lambda: flash2_mma.forward(q, q, q, window=(8, 0)),
+                 lambda: flash2_mma.forward(q, kv, kv)):
+        with pytest.raises(ValueError, match=error):
+            call()

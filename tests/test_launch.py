@@ -138,7 +138,7 @@ def test_flash2_mma_fused_rule():
     from kernels.flash import flash2_mma as M
 
     assert "-DFUSED_MAX_D=%d" % M.FUSED_MAX_D in M.DEFINES
-    assert [M.TILES[D].loop_for(D) for D in M.HEAD_DIMS] == ["fused ILP", "fused ILP", "ILP", "ILP"]
+    assert [M.TILES[D].loop_for(D) for D in M.HEAD_DIMS] == ["fused ILP", "fused ILP", "ILP", "ILP", "ILP"]
     assert M.MmaTile(64, 4, 2, 3).loop_for(64) == "row by row"
     assert M.MmaTile(64, 4, 2, 2, False).loop_for(32) == "row by row"
     assert M.MmaTile(64, 4, 2, 1, True).loop_for(128) == "ILP"

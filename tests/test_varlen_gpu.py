@@ -215,7 +215,8 @@ def test_varlen_attention(gpu, poison, case, causal, d, dtype):
     run_and_check(gpu, lq, lq if lk is None else lk, 2, d, dtype, causal, seed=case)
 
 
-@pytest.mark.parametrize("d,dtype", [(32, "float16"), (96, "bfloat16"), (40, "float16"), (8, "bfloat16")])
+@pytest.mark.parametrize("d,dtype", [(32, "float16"), (96, "bfloat16"), (40, "float16"), (8, "bfloat16"),
+                                     (256, "float16"), (256, "bfloat16"), (200, "float16")])
 def test_varlen_other_head_sizes(gpu, poison, d, dtype):
     run_and_check(gpu, [3, 0, 130, 1], [7, 2, 100, 1], 3, d, dtype, True, seed=d)
 
@@ -288,8 +289,8 @@ def test_varlen_attention_errors(gpu):
     odd = cp.ones((10, 2, 36), dtype=cp.float16)
     with pytest.raises(ValueError, match="multiple of 8"):
         f(odd, odd, odd, cq, ck, *mx)
-    big = cp.ones((10, 1, 136), dtype=cp.float16)
-    with pytest.raises(ValueError, match="<= 128"):
+    big = cp.ones((10, 1, 264), dtype=cp.float16)
+    with pytest.raises(ValueError, match="d=264 must be a multiple of 8 and <= 256"):
         f(big, big, big, cq, ck, *mx)
     base = cp.ones(10 * 2 * 64 + 8, dtype=cp.float16)
     with pytest.raises(ValueError, match="token stride"):  # a view 2 bytes into an allocation: not 16-byte aligned

@@ -33,13 +33,14 @@
 //           which spreads the eight rows one ldmatrix reads over all 32 banks.
 //
 // Launch (kernels/flash/flash2_mma.py: TILES, _launch_config; default tile BC = 64, NWARPS = 4, MT = 2, so BR = 128,
-// and MIN_BLOCKS = 2 at D = 64, else 1)
+// and MIN_BLOCKS = 2 at D = 64, else 1; at D = 256 BC = 32, NWARPS = 4, MT = 1, so BR = 64 and 99 KB of shared memory,
+// which every GPU of compute capability >= 8.0 allows a block, sm_86 and sm_89 included)
 //   dense   grid = B H ceil(Tq / BR) blocks (1-D), block = 32 NWARPS threads,
 //           dynamic shared memory = 2 (BR + 4 BC) (D + 8) bytes (above 48 KB: cudaFuncSetAttribute first)
 //   varlen  grid = (ceil(max_seqlen_q / BR), H, B), the same block and shared memory
 //
-// Kernels: template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16> (D: the head-dim build, 32, 64, 96
-// or 128; BC: keys per K/V tile; MT: 16-row m-tiles per warp; MIN_BLOCKS: blocks per SM for __launch_bounds__)
+// Kernels: template <int D, int BC, int NWARPS, int MT, int MIN_BLOCKS, bool BF16> (D: the head-dim build, 32, 64, 96,
+// 128 or 256; BC: keys per K/V tile; MT: 16-row m-tiles per warp; MIN_BLOCKS: blocks per SM for __launch_bounds__)
 //   flash2_mma_forward(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int Tq, int Tk, int d,
 //                      float scale_log2, int causal, int head_major)
 //   flash2_mma_varlen(const u16* q, const u16* k, const u16* v, u16* o, float* lse, const int* cu_seqlens_q,
@@ -65,11 +66,13 @@
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_80, name expressions:
 //     "flash2_mma_forward<64, 64, 4, 2, 2, false>" "flash2_mma_forward<64, 64, 4, 2, 2, true>"
 //     "flash2_mma_varlen<64, 64, 4, 2, 2, false>" "flash2_mma_variants<64, 64, 4, 2, 2, false, 7>"
+//     "flash2_mma_forward<256, 32, 4, 1, 1, true>" "flash2_mma_variants<256, 32, 4, 1, 1, false, 7>"
 // Host-side example (allocate, fill, launch, check): kernels/examples/flash2_mma_host.cu.
 //
-// Limits (checked by the launcher): d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D; columns d..D-1 are
-// zero-filled and never written. Any Tq, Tk >= 1: rows past the end are zero-filled on load, masked as keys and not
-// stored as queries. q, k, v, o 16-byte aligned. Element indices are 64-bit, row indices 32-bit.
+// Limits (checked by the launcher): d % 8 == 0 (cp.async moves 16-byte chunks) and d <= D <= 256 (O alone takes
+// MT D / 2 float registers per thread: 128 at D = 256, MT = 1); columns d..D-1 are zero-filled and never written. Any
+// Tq, Tk >= 1: rows past the end are zero-filled on load, masked as keys and not stored as queries. q, k, v, o 16-byte
+// aligned. Element indices are 64-bit, row indices 32-bit.
 // Numerics: products in 16 bits, sums in float32 (the mma accumulators); softmax in float32 with ex2.approx (relative
 // error ~2^-22, subnormals flushed); P rounded to 16 bits before P V, O once at the end. The three loops give the same
 // bits.
@@ -739,7 +742,7 @@ DEVICE void variant_kv_loop(float (&acc_o)[MT][D / MMA_N][4], float (&row_max)[M
 //          +-------------------------------------------+
 //   warp 0 | rows   0 .. 16MT-1  : S (16MT x BC) and O (16MT x D) in registers
 //   warp 1 | rows 16MT .. 32MT-1 :   "
-//     ...  |                        (BR = 16 MT NWARPS rows; the default builds have NWARPS = 4, MT = 2)
+//     ...  |                        (BR = 16 MT NWARPS rows; the default builds: NWARPS = 4, MT = 2; MT = 1 at D = 256)
 //          +-------------------------------------------+
 //   No warp needs another warp's S, so the softmax needs no shared memory and no __syncthreads.
 //
@@ -756,7 +759,7 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
     constexpr int WR = MMA_M * MT;    // query rows per warp
     constexpr int BR = WR * NWARPS;   // query rows per block
     constexpr int LD = D + SMEM_PAD;  // shared-memory row stride, elements
-    static_assert(D % MMA_K == 0 && D >= 32 && D <= 128, "D must be a multiple of 16 in [32, 128]");
+    static_assert(D % MMA_K == 0 && D >= 32 && D <= 256, "D must be a multiple of 16 in [32, 256]");
     static_assert(BC % (2 * MMA_N) == 0 && BC >= 16, "BC must be a multiple of 16 (ldmatrix.x4 loads 2 n-tiles)");
     static_assert(MT >= 1 && NWARPS >= 1 && NTHREADS <= 1024, "bad warp tiling");
     static_assert((LD * 2) % 16 == 0, "shared rows must stay 16-byte aligned for cp.async and ldmatrix");
@@ -852,7 +855,7 @@ DEVICE void attention_block(const u16* __restrict__ qh, const u16* __restrict__ 
 //   ILP         the tiles with no masked key (every key < Tk and, if causal, at or before the diagonal of the block's
 //               first row) first, through kv_tile<..., MASK = false>, which holds no mask code; the rest with it.
 //               online_softmax_ilp runs the maxima, the shuffles and the exponentials of all 2 MT rows side by side
-//               with no branch between them, so their latencies overlap. The D = 96 and 128 builds.
+//               with no branch between them, so their latencies overlap. The D = 96, 128 and 256 builds.
 //   fused ILP   the ILP loop with each 16-key step's exponentials made right before the MMAs that take them
 //               (softmax_exp_pv), and tile 0's V waited for only before its first P V. The D = 32 and 64 builds.
 // The ILP loops keep more values live, so a build whose register cap (65536 / (32 NWARPS MIN_BLOCKS) per thread) is
@@ -1041,6 +1044,8 @@ FLASH2_MMA_INSTANTIATE(32, 64, 4, 2, 1, true)
 FLASH2_MMA_INSTANTIATE(64, 64, 4, 2, 2, true)
 FLASH2_MMA_INSTANTIATE(96, 64, 4, 2, 1, true)
 FLASH2_MMA_INSTANTIATE(128, 64, 4, 2, 1, true)
+FLASH2_MMA_INSTANTIATE(256, 32, 4, 1, 1, false)
+FLASH2_MMA_INSTANTIATE(256, 32, 4, 1, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, false)
 FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, false)
 FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, false)
@@ -1049,6 +1054,8 @@ FLASH2_MMA_VARLEN_INSTANTIATE(32, 64, 4, 2, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(64, 64, 4, 2, 2, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(96, 64, 4, 2, 1, true)
 FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, true)
+FLASH2_MMA_VARLEN_INSTANTIATE(256, 32, 4, 1, 1, false)
+FLASH2_MMA_VARLEN_INSTANTIATE(256, 32, 4, 1, 1, true)
 // one variant build per head size (all three switches on at D = 64; the launcher compiles the others it needs)
 #define FLASH2_MMA_VARIANTS_INSTANTIATE(D, BC, NWARPS, MT, MIN_BLOCKS, BF16, MODS)                                \
     template __global__ void flash2_mma_variants<D, BC, NWARPS, MT, MIN_BLOCKS, BF16, MODS>(                      \
@@ -1056,4 +1063,5 @@ FLASH2_MMA_VARLEN_INSTANTIATE(128, 64, 4, 2, 1, true)
         int, int, int, float, int, int, int, int, int, int, float, float);
 FLASH2_MMA_VARIANTS_INSTANTIATE(64, 64, 4, 2, 2, false, 7)
 FLASH2_MMA_VARIANTS_INSTANTIATE(128, 64, 4, 2, 1, true, 0)
+FLASH2_MMA_VARIANTS_INSTANTIATE(256, 32, 4, 1, 1, false, 7)
 #endif

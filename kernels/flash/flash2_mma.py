@@ -3,7 +3,7 @@
     o = forward(q, k, v, causal=True)                          # (B, H, T, d) float16 or bfloat16 CuPy arrays
     o, lse = forward(q, k, v, causal=True, return_lse=True)    # lse: (B, H, Tq) float32, natural log
 
-Any d with d % 8 == 0 and d <= 128 runs on the build for the smallest D in {32, 64, 96, 128} with D >= d
+Any d with d % 8 == 0 and d <= 256 runs on the build for the smallest D in {32, 64, 96, 128, 256} with D >= d
 (cp.async zero-fills columns d..D-1). Any Tq, Tk >= 1.
 
 Packed variable-length batches (FlashAttention's varlen interface; notebook 09):
@@ -42,9 +42,9 @@ KERNEL_FILE = "flash2_mma.cu"
 KERNEL_NAME = "flash2_mma_forward"
 VARLEN_KERNEL_NAME = "flash2_mma_varlen"
 WHAT = "flash2_mma attention"
-MAX_D = 128
+MAX_D = 256
 D_MULTIPLE = 8  # cp.async moves 16-byte chunks: 8 elements
-HEAD_DIMS = (32, 64, 96, 128)
+HEAD_DIMS = (32, 64, 96, 128, 256)
 BUILD_FOR = {d: next(D for D in HEAD_DIMS if D >= d) for d in range(1, MAX_D + 1)}
 MMA_M = 16  # rows of one mma.m16n8k16 tile (= MMA_M in flash2_mma.cu)
 SMEM_PAD = 8  # elements of padding per shared-memory row; handed to the kernel as -DSMEM_PAD
@@ -128,11 +128,16 @@ def raise_tile_problems(tile: tuple, D: int, head_dims: tuple, problems: list[st
 
 # The default tile per D: four warps of two m-tiles (BR = 128 query rows) and 64 keys per K/V tile; at D=64 registers
 # for two blocks per SM, enough for the kernel's ILP loop. The tiles timed against these: kernels/flash/README.md.
+# D=256 (Gemma): one m-tile per warp, since O alone takes MT * 128 float registers per thread there, and 32 keys per
+# tile, so that 2 (64 + 4 * 32) (256 + 8) = 101376 bytes (99 KB) fit the smallest opt-in limit of the GPUs this kernel
+# runs on (sm_86 and sm_89; an A100 allows 163 KB, an H100 227 KB). An H100 holds two such blocks per SM, an A100 one.
+# Not yet timed on a GPU: kernels/flash/README.md.
 TILES = {
     32: MmaTile(64, 4, 2, 1),
     64: MmaTile(64, 4, 2, 2),
     96: MmaTile(64, 4, 2, 1),
     128: MmaTile(64, 4, 2, 1),
+    256: MmaTile(32, 4, 1, 1),
 }
 
 
@@ -179,6 +184,17 @@ class Build(NamedTuple):
     smem: int  # dynamic shared memory per block, bytes
     rows: int  # BR
     threads: int
+
+
+def check_shared_memory_fits(tile: MmaTile, D: int, d: int, smem_limit: int) -> None:
+    """ValueError naming the head dimension d, its build D, the tile and smem_limit (the GPU's opt-in limit per block,
+    DeviceInfo.smem_optin) where the tile needs more shared memory than that; the launchers call it before the first
+    launch of a problem, so the error says which head size asked for the tile."""
+    smem = tile.smem_bytes(D)
+    if smem > smem_limit:
+        raise ValueError(f"{WHAT}: head dimension d={d} runs on the D={D} build, whose tile ({', '.join(tile._fields)})"
+                         f" = {tuple(tile)} needs {smem} bytes of shared memory per block; this GPU allows at most "
+                         f"{smem_limit} (pass a smaller tile)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -268,6 +284,7 @@ def _launch_config(Tq, Tk, d, dtype, scale, causal, tile, head_major, BH):
     """Grid, block, shared memory and the constant arguments of one problem, worked out once (the launch then
     costs a dictionary look-up instead of a dozen small computations)."""
     b = build(BUILD_FOR[d], tile, DTYPE_NAMES[dtype])
+    check_shared_memory_fits(b.tile, BUILD_FOR[d], d, device_info().smem_optin)
     kernel, _, smem, rows, threads = b
     blocks = check_grid(BH * ceil_div(Tq, rows), WHAT, MAX_GRID_X)
     order = grid_order(causal, BH, Tk, d, np.dtype(dtype).itemsize, device_info().l2_bytes, grid_waves(b, blocks)) \
@@ -392,7 +409,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                          f"got {scale}")
     if check_inputs:
         check_varlen_lengths(cu_seqlens_q, cu_seqlens_k, total_q, total_k, int(max_seqlen_q), int(max_seqlen_k))
-    kernel, _, smem, rows, threads = build(BUILD_FOR[d], None, DTYPE_NAMES[q.dtype], VARLEN_KERNEL_NAME)
+    kernel, tile, smem, rows, threads = build(BUILD_FOR[d], None, DTYPE_NAMES[q.dtype], VARLEN_KERNEL_NAME)
+    check_shared_memory_fits(tile, BUILD_FOR[d], d, device_info(dev).smem_optin)
     o = cp.empty((total_q, H, d), dtype=q.dtype)
     lse = cp.empty((H, total_q), dtype=cp.float32) if return_lse else None
     tiles = ceil_div(int(max_seqlen_q), rows)
@@ -582,6 +600,7 @@ def _prepare_variants(q, k, v, dev, causal, scale, tile, head_major, window, pre
     spec = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
                         docs=docs, alibi=alibi)
     b = variant_build(BUILD_FOR[d], tile, DTYPE_NAMES[q.dtype], spec.mods)
+    check_shared_memory_fits(b.tile, BUILD_FOR[d], d, device_info(dev).smem_optin)
     n_qt = ceil_div(Tq, b.rows)
     blocks = check_grid(B * Hq * n_qt, WHAT, MAX_GRID_X)
     if docs:
