@@ -40,6 +40,37 @@ def test_lists_round_trip_without_repeats(tmp_path):
     assert json.loads(out.read_text()) == P.read_builds(out) and len(P.read_builds(out)) == 2
 
 
+def test_a_build_tagged_by_several_notebooks_is_one_build_with_the_earliest_tag(tmp_path):
+    build = C.build_record("flash2_mma.cu", ("k<64>",), ("-DX=1",))
+    other = C.build_record("naive.cu")
+    records = [dict(build, notebook="15"), build, dict(build, notebook="06"), dict(other, notebook="01"), other]
+    kept = sorted([dict(build, notebook="06"), dict(other, notebook="01")], key=P.build_key)
+    assert P.read_builds(_lines(tmp_path / "log.jsonl", records)) == kept
+    out = tmp_path / "builds.json"
+    P.write_builds(out, records)
+    assert P.read_builds(out) == kept
+    assert P.distinct_builds([build, build]) == [build]  # untagged (the tests' list) stays untagged
+
+
+def test_both_lists_compile_a_build_they_share_once(tmp_path, monkeypatch):
+    shared, ours = C.build_record("softmax.cu"), C.build_record("varlen.cu")
+    monkeypatch.setattr(P, "DEFAULT_LIST", tmp_path / "builds.json")
+    monkeypatch.setattr(P, "TEST_LIST", tmp_path / "test-builds.json")
+    P.write_builds(P.DEFAULT_LIST, [dict(shared, notebook="02"), dict(ours, notebook="09")])
+    P.write_builds(P.TEST_LIST, [shared])
+    assert P.course_builds() == sorted([dict(shared, notebook="02"), dict(ours, notebook="09")], key=P.build_key)
+
+
+def test_build_arguments_ignore_the_notebook_tag():
+    record = C.build_record("flash2.cu", ("f<1>",), ("-DB=2",))
+    assert C.build_arguments(dict(record, notebook="04")) == C.build_arguments(record)
+
+
+def _lines(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 @pytest.mark.parametrize("name", ["builds.json", "test-builds.json"])
 def test_committed_lists_name_existing_files(name):
     path = {"builds.json": P.DEFAULT_LIST, "test-builds.json": P.TEST_LIST}[name]

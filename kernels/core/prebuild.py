@@ -30,22 +30,40 @@ TEST_LIST = ROOT / "results" / "test-builds.json"  # the default test grid's (py
 
 
 def course_builds() -> list[dict]:
-    """The builds of both lists that exist: what a run of the notebooks and the tests compiles."""
-    return [r for path in (DEFAULT_LIST, TEST_LIST) if path.is_file() for r in read_builds(path)]
+    """The builds of both lists that exist, each once: what a run of the notebooks and the tests compiles."""
+    return distinct_builds([r for path in (DEFAULT_LIST, TEST_LIST) if path.is_file() for r in read_builds(path)])
+
+
+def build_key(record: dict) -> str:
+    """What makes a build: its record without the notebook tag (the same build used by two notebooks is one build)."""
+    return json.dumps({k: v for k, v in record.items() if k != "notebook"}, sort_keys=True)
+
+
+def notebook_order(record: dict) -> tuple:
+    """Sorts records by the notebook that first used them ("01" before "06"), the untagged (the tests') last."""
+    return record.get("notebook") is None, record.get("notebook") or ""
+
+
+def distinct_builds(records: list[dict]) -> list[dict]:
+    """records without repeats, sorted by build; a build listed more than once keeps its earliest notebook tag."""
+    unique: dict = {}
+    for r in records:
+        key = build_key(r)
+        if key not in unique or notebook_order(r) < notebook_order(unique[key]):
+            unique[key] = r
+    return [unique[k] for k in sorted(unique)]
 
 
 def read_builds(path: Path) -> list[dict]:
     """The distinct builds of a list file: a JSON array of build records, or JSON lines (the raw build log)."""
     text = Path(path).read_text()
     records = json.loads(text) if text.lstrip().startswith("[") else [json.loads(s) for s in text.splitlines() if s]
-    unique = {json.dumps(r, sort_keys=True): r for r in records}
-    return [unique[k] for k in sorted(unique)]
+    return distinct_builds(records)
 
 
 def write_builds(path: Path, records: list[dict]) -> None:
     """Save records as a sorted JSON array without repeats (the form results/builds.json is committed in)."""
-    unique = {json.dumps(r, sort_keys=True): r for r in records}
-    rows = ",\n".join(" " + json.dumps(unique[k]) for k in sorted(unique))
+    rows = ",\n".join(" " + json.dumps(r) for r in distinct_builds(records))
     Path(path).write_text("[\n" + rows + "\n]\n")
 
 
