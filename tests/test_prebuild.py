@@ -2,6 +2,8 @@
 how it is recorded, read and written, and that the committed list names kernel files that exist."""
 
 import json
+import multiprocessing.dummy
+import threading
 
 import pytest
 
@@ -90,3 +92,69 @@ def test_prebuild_needs_a_gpu_and_says_so(monkeypatch):
     monkeypatch.setattr(D, "gpu_unavailable_reason", lambda: "no GPU here")
     with pytest.raises(SystemExit, match=r"prebuild needs a CUDA GPU .*: no GPU here"):
         P.prebuild([C.build_record("naive.cu")])
+
+
+def _on_an_h100(monkeypatch):
+    import kernels.core.device as D
+
+    monkeypatch.setattr(D, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(D, "device_compute_capability", lambda: (9, 0))
+
+
+def test_each_notebook_waits_for_its_own_and_earlier_builds_only(monkeypatch):
+    _on_an_h100(monkeypatch)
+    tagged = {"a.cu": "01", "b.cu": "06", "c.cu": "06", "d.cu": "13", "tests.cu": None}
+    records = [dict(C.build_record(f), **({"notebook": n} if n else {})) for f, n in reversed(tagged.items())]
+    release = {f: threading.Event() for f in tagged}
+    started, done = [], []
+
+    def build(record):  # one thread (jobs=1): the builds start in the order the compile hands them out
+        started.append(record["file"])
+        release[record["file"]].wait(5)
+        done.append(record["file"])
+        return record["file"], None
+
+    compiling = P.start(records, jobs=1, log=print, build=build, context=multiprocessing.dummy)
+    release["a.cu"].set()
+    compiling.wait("01")
+    assert done == ["a.cu"]
+    waiting = threading.Thread(target=compiling.wait, args=("06",))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive(), "wait('06') returned before notebook 06's builds were done"
+    release["b.cu"].set(), release["c.cu"].set()
+    waiting.join(5)
+    assert not waiting.is_alive() and sorted(done) == ["a.cu", "b.cu", "c.cu"]  # d.cu (notebook 13) not waited for
+    for f in ("d.cu", "tests.cu"):
+        release[f].set()
+    assert compiling.close()["built"] == 5
+    assert [tagged[f] for f in started] == ["01", "06", "06", "13", None]  # the untagged (the tests') last
+
+
+def test_the_background_compile_ends_with_prebuilds_line(monkeypatch):
+    _on_an_h100(monkeypatch)
+    records = [dict(C.build_record("naive.cu"), notebook="01"), C.build_record("softmax.cu"),
+               C.build_record("hopper_gemm.cu", arch="sm_100a")]  # for another GPU: skipped, not compiled
+    lines = []
+
+    def build(record):
+        assert record["arch"] is None
+        return record["file"], "CompileError: no" if record["file"] == "softmax.cu" else None
+
+    compiling = P.start(records, jobs=4, log=lines.append, build=build, context=multiprocessing.dummy)
+    assert compiling.wait("99") >= 0
+    result = compiling.close()
+    assert (result["built"], result["skipped"]) == (1, 2)
+    assert lines[0].startswith("prebuild: 1 kernel builds compiled or found in the cache, on 2 processes, in ")
+    assert lines[0].endswith("; 2 skipped (not for this GPU)") and lines[1] == "  skipped softmax.cu: CompileError: no"
+
+
+def test_a_compile_that_breaks_says_so_instead_of_hanging(monkeypatch):
+    _on_an_h100(monkeypatch)
+
+    def build(record):
+        raise MemoryError("worker gone")
+
+    compiling = P.start([dict(C.build_record("naive.cu"), notebook="01")], build=build, context=multiprocessing.dummy)
+    with pytest.raises(RuntimeError, match="parallel compile stopped: MemoryError"):
+        compiling.wait("01")

@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,32 +80,94 @@ def _build_one(record: dict) -> tuple[str, str | None]:
 
 
 def prebuild(records: list[dict], jobs: int | None = None, log=print) -> dict:
-    """Compile `records` on `jobs` processes (default: every CPU core); {"built", "skipped", "seconds"}."""
-    from kernels.core.device import gpu_unavailable_reason
+    """Compile `records` on `jobs` processes (default: every CPU core) and wait for all of them;
+    {"built", "skipped", "seconds"}."""
+    return start(records, jobs or os.cpu_count() or 1, log).close()
 
-    from kernels.core.device import device_compute_capability
+
+def start(records: list[dict], jobs: int | None = None, log=print, build=_build_one, context=None) -> Compiling:
+    """Start compiling `records` in the background, the builds of the earliest notebook first and the untagged last,
+    on `jobs` processes (default: every CPU core but one, left for the work the compile overlaps).
+
+    `build(record) -> (file, None or the reason it was skipped)` runs in the pool of `context` (default: spawned
+    processes, each with its own CUDA context); a test passes a plain function and multiprocessing.dummy (threads).
+    """
+    records, foreign = _for_this_gpu(records)
+    jobs = max(1, min(jobs or (os.cpu_count() or 2) - 1, len(records) or 1))
+    context = context or multiprocessing.get_context("spawn")
+    return Compiling(sorted(records, key=notebook_order), len(foreign), jobs, log, build, context)
+
+
+def _for_this_gpu(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the records this GPU can load, those for another architecture); SystemExit without a GPU."""
+    from kernels.core.device import device_compute_capability, gpu_unavailable_reason
 
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise SystemExit(f"prebuild needs a CUDA GPU (CuPy compiles for the GPU it runs on): {reason}")
     cc = "%d%d" % device_compute_capability()
     foreign = [r for r in records if r["arch"] is not None and not r["arch"].startswith(f"sm_{cc}")]
-    records = [r for r in records if r not in foreign]  # a CUBIN for another GPU could not be loaded here
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(records) or 1))
-    t0 = time.perf_counter()
-    skipped = []
-    # spawn, not fork: each process starts its own CUDA context
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for name, why in pool.imap_unordered(_build_one, records):
+    return [r for r in records if r not in foreign], foreign  # a CUBIN for another GPU could not be loaded here
+
+
+class Compiling:
+    """A compile started by start(): wait(notebook) blocks until the builds a notebook needs are done, close() until
+    all of them are, and logs how it went."""
+
+    def __init__(self, records: list[dict], foreign: int, jobs: int, log, build, context):
+        self.records, self.foreign, self.jobs, self.log = records, foreign, jobs, log
+        self.done = 0  # records[:done] are compiled or skipped
+        self.skipped: list[tuple[str, str]] = []
+        self.seconds: float | None = None  # from the start to the last build, once all are done
+        self.error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, args=(build, context), name="prebuild", daemon=True)
+        self._thread.start()
+
+    def _run(self, build, context) -> None:
+        try:
+            if self.records:
+                with context.Pool(self.jobs) as pool:
+                    for name, why in pool.imap(build, self.records):  # in order: each result ends a done prefix
+                        self._finished_one(name, why)
+        except BaseException as e:  # a worker that died, a build function that raised: wait() and close() raise it
+            self.error = e
+        finally:
+            with self._changed:
+                self.seconds = time.perf_counter() - self._t0
+                self._changed.notify_all()
+
+    def _finished_one(self, name: str, why: str | None) -> None:
+        with self._changed:
             if why is not None:
-                skipped.append((name, why))
-    seconds = time.perf_counter() - t0
-    log(f"prebuild: {len(records) - len(skipped)} kernel builds compiled or found in the cache, on {jobs} processes, "
-        f"in {seconds:.0f} s" + (f"; {len(skipped) + len(foreign)} skipped (not for this GPU)"
-                                   if skipped or foreign else ""))
-    for name, why in skipped[:5]:
-        log(f"  skipped {name}: {why}")
-    return {"built": len(records) - len(skipped), "skipped": len(skipped) + len(foreign), "seconds": seconds}
+                self.skipped.append((name, why))
+            self.done += 1
+            self._changed.notify_all()
+
+    def wait(self, notebook: str) -> float:
+        """Block until every build tagged `notebook` ("06") or an earlier one is done; the seconds it waited."""
+        needed = sum(1 for r in self.records if r.get("notebook") is not None and r["notebook"] <= notebook)
+        t0 = time.perf_counter()
+        with self._changed:
+            self._changed.wait_for(lambda: self.done >= needed or self.seconds is not None)
+        self._raise_error()
+        return time.perf_counter() - t0
+
+    def close(self) -> dict:
+        """Wait for every build, log one line (and the first reasons for skips); {"built", "skipped", "seconds"}."""
+        self._thread.join()
+        self._raise_error()
+        built, skipped = len(self.records) - len(self.skipped), len(self.skipped) + self.foreign
+        self.log(f"prebuild: {built} kernel builds compiled or found in the cache, on {self.jobs} processes, "
+                 f"in {self.seconds:.0f} s" + (f"; {skipped} skipped (not for this GPU)" if skipped else ""))
+        for name, why in self.skipped[:5]:
+            self.log(f"  skipped {name}: {why}")
+        return {"built": built, "skipped": skipped, "seconds": self.seconds}
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the parallel compile stopped: {self.error!r}") from self.error
 
 
 def main(argv: list[str] | None = None) -> int:
