@@ -10,6 +10,8 @@ import pytest
 from kernels.core import compile as C
 from kernels.core import prebuild as P
 
+NOTEBOOKS = {p.name[:2] for p in (P.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+
 
 def test_load_module_records_each_build_where_asked(tmp_path, monkeypatch):
     log = tmp_path / "builds.jsonl"
@@ -84,6 +86,10 @@ def test_committed_lists_name_existing_files(name):
         C.kernel_path(r["file"])  # raises for a file that was renamed or removed
         assert all(d.startswith("-D") or d == C.CUDA_HEADERS for d in r["defines"]), r  # no machine paths
         assert r["arch"] in (None, "sm_90a"), r
+        if name == "builds.json":  # the first notebook that used it (run_all's logs); the tests' list has no tags
+            assert r["notebook"] in NOTEBOOKS, r
+        else:
+            assert "notebook" not in r, r
 
 
 def test_prebuild_needs_a_gpu_and_says_so(monkeypatch):
