@@ -5,13 +5,18 @@
 
 A kernel build (one kernel file, its template instantiations and -D defines, compiled by NVRTC) takes one to a few
 seconds of one CPU core, and the notebooks use about a hundred of them. Compiled one after the other as the cells
-reach them, they are most of a first run's time; compiled here first, on every core, they take a fraction of it,
-and the notebooks then load them from CuPy's disk cache ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache).
+reach them, they are most of a first run's time; compiled here on every core, they take a fraction of it, and the
+notebooks then load them from CuPy's disk cache ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache).
+
+prebuild() compiles a list and returns when all of it is done (the test session, the command line). start() runs the
+same compile in the background, overlapping the work that needs it: notebooks/run_all.py executes each notebook once
+compiling.wait("06") says that the builds of notebooks 00-06 are done, while the later notebooks' builds compile.
 
 The list is what load_module records where $COURSE_BUILD_LOG names a file (kernels/core/compile.py):
-notebooks/run_all.py records every run and keeps the list in results/builds.json. A build that does not compile for
-this GPU (an sm_90a build on an older one, a kernel that needs a newer compute capability) is counted and skipped: the
-notebook that needs it says why when it gets there.
+notebooks/run_all.py records every run and keeps the list in results/builds.json, each build tagged with the first
+notebook that used it ("notebook": "06"); the tests' list (results/test-builds.json) has no tags and compiles last.
+A build that does not compile for this GPU (an sm_90a build on an older one, a kernel that needs a newer compute
+capability) is counted and skipped: the notebook that needs it says why when it gets there.
 """
 
 from __future__ import annotations
