@@ -8,8 +8,10 @@
 Executed copies go to results/notebooks/ (the committed notebooks are left as they are). On a machine
 without a CUDA GPU, the notebooks that need none run, and the rest are listed with the reason.
 
-On a GPU, the kernel builds the notebooks use (results/builds.json) are compiled first, in parallel on every CPU core
-(kernels/core/prebuild.py), and the run records the builds it used into results/builds.json again.
+On a GPU, the kernel builds the notebooks use (results/builds.json) compile in the background, on every CPU core but
+one, while the notebooks execute (kernels/core/prebuild.py): each notebook starts once the builds of it and of the
+notebooks before it are in the compile cache. The run records the builds each notebook used into results/builds.json
+again, tagged with the first notebook that used them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -90,24 +93,25 @@ def main(argv: list[str]) -> int:
         notebooks = [p for p in notebooks if any(p.name.startswith(a) for a in argv)]
     out_dir = ROOT / "results" / "notebooks"
     summary, failed = [], False
-    build_log = None
+    compiling, log_dir = None, None
     if reason is None:
-        from kernels.core import prebuild
-        from kernels.core.compile import BUILD_LOG_ENV
-
-        if prebuild.DEFAULT_LIST.is_file():
-            prebuild.prebuild(prebuild.read_builds(prebuild.DEFAULT_LIST))
-        build_log = Path(tempfile.mkstemp(prefix="course-builds-", suffix=".jsonl")[1])
-        os.environ[BUILD_LOG_ENV] = str(build_log)  # the notebooks' kernels inherit it
+        compiling = start_compile()
+        log_dir = Path(tempfile.mkdtemp(prefix="course-builds-"))
     for path in notebooks:
         why = skip_reason(path)
         if why is not None:
             summary.append((path.stem, "skipped", why))
             continue
         print(f"[{len(summary) + 1}/{len(notebooks)}] executing {path.name}")
+        if compiling is not None:
+            wait_for_builds(compiling, path)
+        if log_dir is not None:
+            record_builds(log_dir, path)
         ok, msg = execute(path, out_dir)
         failed |= not ok
         summary.append((path.stem, "ok" if ok else "FAILED", msg))
+    if compiling is not None:
+        compiling.close()
     print("\nnotebooks (executed copies in results/notebooks/):")
     for name, status, msg in summary:
         print(f"  {name:28s} {status:8s} {msg}")
@@ -123,20 +127,55 @@ def main(argv: list[str]) -> int:
     else:
         print("\nEvery kernel's correctness and speed at llm.c's shape: python3 notebooks/run_all.py --summary "
               "(or python3 -m kernels.bench --suite llmc).")
-    keep_builds(build_log, replace=not argv and not failed)
+    keep_builds(log_dir, replace=not argv and not failed)
     return 1 if failed or rc else 0
 
 
-def keep_builds(build_log: Path, replace: bool) -> None:
-    """results/builds.json := the builds this run used (replace), or those added to the ones it lists (a partial run)."""
+def start_compile():
+    """Start compiling the builds results/builds.json lists, in the background; None where there is no list yet."""
     from kernels.core import prebuild
 
-    used = prebuild.read_builds(build_log)
+    if not prebuild.DEFAULT_LIST.is_file():
+        return None
+    compiling = prebuild.start(prebuild.read_builds(prebuild.DEFAULT_LIST))
+    print(f"compiling {len(compiling.records)} kernel builds in the background, on {compiling.jobs} processes")
+    return compiling
+
+
+def wait_for_builds(compiling, path: Path) -> None:
+    """Block until the builds of notebook `path` and of the notebooks before it are compiled."""
+    waited = compiling.wait(path.name[:2])
+    if waited >= 1:
+        print(f"  waited {waited:.0f} s for its kernel builds")
+
+
+def record_builds(log_dir: Path, path: Path) -> None:
+    """Have the next notebook's kernel log its builds to log_dir/NN.jsonl (it inherits os.environ)."""
+    from kernels.core.compile import BUILD_LOG_ENV
+
+    os.environ[BUILD_LOG_ENV] = str(log_dir / f"{path.name[:2]}.jsonl")
+
+
+def notebook_builds(log_dir: Path) -> list[dict]:
+    """The builds in the notebooks' logs, each once, tagged with the first notebook that used it."""
+    from kernels.core import prebuild
+
+    return prebuild.distinct_builds([dict(r, notebook=log.stem) for log in sorted(log_dir.glob("*.jsonl"))
+                                     for r in prebuild.read_builds(log)])
+
+
+def keep_builds(log_dir: Path, replace: bool) -> None:
+    """results/builds.json := the builds this run used (replace), or those with the listed builds this run did not
+    use, which keep their tags (a partial run)."""
+    from kernels.core import prebuild
+
+    used = notebook_builds(log_dir)
     if not replace and prebuild.DEFAULT_LIST.is_file():
-        used += prebuild.read_builds(prebuild.DEFAULT_LIST)
+        seen = {prebuild.build_key(r) for r in used}
+        used += [r for r in prebuild.read_builds(prebuild.DEFAULT_LIST) if prebuild.build_key(r) not in seen]
     prebuild.write_builds(prebuild.DEFAULT_LIST, used)
-    build_log.unlink()
-    print(f"kernel builds used: {len(used)} (results/builds.json, compiled in parallel at the start of the next run)")
+    shutil.rmtree(log_dir)
+    print(f"kernel builds used: {len(used)} (results/builds.json, compiled beside the notebooks in the next run)")
 
 
 if __name__ == "__main__":

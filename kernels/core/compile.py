@@ -148,8 +148,8 @@ def load_module(filename: str, name_expressions: tuple[str, ...] = (), defines: 
 
 
 # Where $COURSE_BUILD_LOG names a file, every build this process compiles or loads is appended to it, one JSON line
-# each: notebooks/run_all.py keeps the list (results/builds.json) and compiles it in parallel before the next run
-# (kernels/core/prebuild.py).
+# each: notebooks/run_all.py keeps the list (results/builds.json) and compiles it in parallel, beside the notebooks,
+# in the next run (kernels/core/prebuild.py).
 BUILD_LOG_ENV = "COURSE_BUILD_LOG"
 
 
