@@ -165,14 +165,14 @@ def notebook_builds(log_dir: Path) -> list[dict]:
 
 
 def keep_builds(log_dir: Path, replace: bool) -> None:
-    """results/builds.json := the builds this run used (replace), or those with the listed builds this run did not
-    use, which keep their tags (a partial run)."""
+    """results/builds.json := the builds this run used (replace), or those and the listed ones (a partial run), each
+    tagged with the earliest notebook that uses it: a partial run of a later chapter leaves the order of the compile
+    as the full run found it."""
     from kernels.core import prebuild
 
     used = notebook_builds(log_dir)
     if not replace and prebuild.DEFAULT_LIST.is_file():
-        seen = {prebuild.build_key(r) for r in used}
-        used += [r for r in prebuild.read_builds(prebuild.DEFAULT_LIST) if prebuild.build_key(r) not in seen]
+        used = prebuild.distinct_builds(used + prebuild.read_builds(prebuild.DEFAULT_LIST))
     prebuild.write_builds(prebuild.DEFAULT_LIST, used)
     shutil.rmtree(log_dir)
     print(f"kernel builds used: {len(used)} (results/builds.json, compiled beside the notebooks in the next run)")

@@ -50,13 +50,12 @@ def test_a_full_run_tags_each_build_with_the_first_notebook_that_used_it(tmp_pat
     assert "kernel builds used: 2 " in capsys.readouterr().out
 
 
-def test_a_partial_run_retags_what_it_saw_and_keeps_the_rest(tmp_path, builds_json, capsys):
+def test_a_partial_run_keeps_the_earliest_tag_of_each_build(tmp_path, builds_json, capsys):
     P.write_builds(builds_json, [dict(NAIVE, notebook="01"), dict(MMA, notebook="06"), SOFTMAX])
     run_all.keep_builds(_logs(tmp_path, n15=[MMA, SOFTMAX]), replace=False)
-    assert P.read_builds(builds_json) == sorted([dict(NAIVE, notebook="01"), dict(MMA, notebook="15"),
+    assert P.read_builds(builds_json) == sorted([dict(NAIVE, notebook="01"), dict(MMA, notebook="06"),
                                                  dict(SOFTMAX, notebook="15")], key=P.build_key)
     assert "kernel builds used: 3 " in capsys.readouterr().out
-
 
 
 def test_each_notebook_waits_for_its_builds_then_runs_and_logs_them(tmp_path, builds_json, monkeypatch):
