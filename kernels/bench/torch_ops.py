@@ -109,7 +109,7 @@ def _hopper_backward(args: tuple, causal: bool, settings: dict) -> None:
 
 
 def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = False,
-                   bwd_schedules: bool = False) -> list[dict]:
+                   bwd_schedules: bool = False, causal_values=(False, True)) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -126,7 +126,7 @@ def bench_backward(Ts, Ds, bench_kw, dtype: str = "float16", dq_atomics: bool = 
             gen = torch.Generator("cuda").manual_seed(T + d)
             q, k, v, do = (torch.randn(B, H, T, d, device="cuda", dtype=getattr(torch, dtype), generator=gen)
                            for _ in range(4))
-            for causal in (False, True):
+            for causal in causal_values:
                 flops = backward_flops(T, d, causal)
                 fns, notes = {}, {}
                 # ours: the launcher on CuPy views of the same tensors, outputs and workspace preallocated
