@@ -85,8 +85,8 @@ def test_fast_path_launches_on_the_current_stream(gpu, monkeypatch):
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         kern((64,), (256,), (x, np.int64(x.size), np.uint32(5)))
+    s.synchronize()  # a non-blocking stream is not ordered with the default stream: the 5s land before the 6s
     kern((64,), (256,), (x, np.int64(x.size), np.uint32(6)))  # outside the block: the default stream again
-    s.synchronize()
     cp.cuda.Device().synchronize()
     assert streams == [s.ptr, cp.cuda.get_current_stream().ptr] and streams[0] != streams[1]
     assert int(x.min()) == 6
