@@ -12,6 +12,10 @@ On a GPU, the kernel builds the notebooks use (results/builds.json) compile in t
 one, while the notebooks execute (kernels/core/prebuild.py): each notebook starts once the builds of it and of the
 notebooks before it are in the compile cache. The run records the builds each notebook used into results/builds.json
 again, tagged with the first notebook that used them.
+
+Each notebook's Jupyter kernel is started while the notebook before it runs, and imports NumPy, Matplotlib, CuPy and
+PyTorch there (quietly: the notebook's outputs and execution counts are its own), so that a notebook starts on a
+kernel that is up and has its libraries loaded. The imports touch no GPU.
 """
 
 from __future__ import annotations
@@ -53,7 +57,37 @@ def skip_reason(path: Path) -> str | None:
     return None
 
 
-def execute(path: Path, out_dir: Path) -> tuple[bool, str]:
+WARM_UP = """\
+import numpy, matplotlib.pyplot
+try:
+    import cupy, torch
+except ImportError:
+    pass
+"""  # what a kernel imports before its notebook's turn
+
+
+def start_kernel(path: Path, log_dir: Path | None):
+    """A Jupyter kernel for notebook `path`, started now (in its folder, its build log in log_dir) and importing
+    WARM_UP while the notebook before it runs."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(path.parent), env=notebook_env(log_dir, path))
+    kc = km.client()
+    kc.start_channels()
+    kc.execute(WARM_UP, silent=True, store_history=False)  # queued until the kernel is up; no output, no count
+    return km, kc
+
+
+def stop_kernel(kernel) -> None:
+    km, kc = kernel
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def execute(path: Path, out_dir: Path, kernel) -> tuple[bool, str]:
+    """Run notebook `path` on `kernel` (start_kernel's) and write the executed copy to out_dir: (ok, seconds or the
+    error)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -68,7 +102,9 @@ def execute(path: Path, out_dir: Path) -> tuple[bool, str]:
                 print(f"\r  {path.stem}: cell {done}/{len(code)}", end="", flush=True)
             return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
-    client = Progress(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    kernel[1].wait_for_ready(timeout=300)  # up, and done with WARM_UP (a kernel started just now takes a second)
+    client = Progress(nb, km=kernel[0], timeout=1800, kernel_name="python3",
+                      resources={"metadata": {"path": str(path.parent)}})
     t0 = time.time()
     try:
         client.execute()
@@ -97,23 +133,34 @@ def main(argv: list[str]) -> int:
     if reason is None:
         compiling = start_compile()
         log_dir = Path(tempfile.mkdtemp(prefix="course-builds-"))
+    runnable = []
     for path in notebooks:
         why = skip_reason(path)
-        if why is not None:
+        if why is None:
+            runnable.append(path)
+        else:
             summary.append((path.stem, "skipped", why))
-            continue
-        print(f"[{len(summary) + 1}/{len(notebooks)}] executing {path.name}")
+    kernel = start_kernel(runnable[0], log_dir) if runnable else None
+    for i, path in enumerate(runnable):
+        print(f"[{i + 1}/{len(runnable)}] executing {path.name}")
         if compiling is not None:
             wait_for_builds(compiling, path)
-        if log_dir is not None:
-            record_builds(log_dir, path)
-        ok, msg = execute(path, out_dir)
+        following = start_kernel(runnable[i + 1], log_dir) if i + 1 < len(runnable) else None
+        try:
+            ok, msg = execute(path, out_dir, kernel)
+        except BaseException:
+            if following is not None:
+                stop_kernel(following)
+            raise
+        finally:
+            stop_kernel(kernel)
+        kernel = following
         failed |= not ok
         summary.append((path.stem, "ok" if ok else "FAILED", msg))
     if compiling is not None:
         compiling.close()
     print("\nnotebooks (executed copies in results/notebooks/):")
-    for name, status, msg in summary:
+    for name, status, msg in sorted(summary):
         print(f"  {name:28s} {status:8s} {msg}")
     if reason is not None:
         print(f"\nEverything that runs without a GPU ran; on a GPU machine the same command runs the rest ({reason}).")
@@ -149,11 +196,14 @@ def wait_for_builds(compiling, path: Path) -> None:
         print(f"  waited {waited:.0f} s for its kernel builds")
 
 
-def record_builds(log_dir: Path, path: Path) -> None:
-    """Have the next notebook's kernel log its builds to log_dir/NN.jsonl (it inherits os.environ)."""
+def notebook_env(log_dir: Path | None, path: Path) -> dict:
+    """The environment of notebook `path`'s kernel: this one, with its builds logged to log_dir/NN.jsonl."""
     from kernels.core.compile import BUILD_LOG_ENV
 
-    os.environ[BUILD_LOG_ENV] = str(log_dir / f"{path.name[:2]}.jsonl")
+    env = dict(os.environ)
+    if log_dir is not None:
+        env[BUILD_LOG_ENV] = str(log_dir / f"{path.name[:2]}.jsonl")
+    return env
 
 
 def notebook_builds(log_dir: Path) -> list[dict]:

@@ -32,9 +32,8 @@ def _logs(tmp_path, **notebooks):
 
 
 def test_each_notebook_logs_to_its_own_file(tmp_path, monkeypatch):
-    monkeypatch.setenv(C.BUILD_LOG_ENV, "")  # restored after the test: record_builds sets os.environ itself
     for name in ("01_naive_cuda.ipynb", "06_fp16_tensor_cores.ipynb"):
-        run_all.record_builds(tmp_path, Path(name))
+        monkeypatch.setenv(C.BUILD_LOG_ENV, run_all.notebook_env(tmp_path, Path(name))[C.BUILD_LOG_ENV])
         C._log_build(name[:2] + ".cu", (), (), None)  # what load_module does in that notebook's kernel
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01.jsonl", "06.jsonl"]
     assert json.loads((tmp_path / "06.jsonl").read_text())["file"] == "06.cu"
@@ -58,7 +57,7 @@ def test_a_partial_run_keeps_the_earliest_tag_of_each_build(tmp_path, builds_jso
     assert "kernel builds used: 3 " in capsys.readouterr().out
 
 
-def test_each_notebook_waits_for_its_builds_then_runs_and_logs_them(tmp_path, builds_json, monkeypatch):
+def test_each_notebook_waits_for_its_builds_then_runs_on_a_kernel_started_ahead(tmp_path, builds_json, monkeypatch):
     import kernels
 
     events = []
@@ -71,18 +70,47 @@ def test_each_notebook_waits_for_its_builds_then_runs_and_logs_them(tmp_path, bu
         def close(self):
             events.append(("close",))
 
-    def execute(path, out_dir):
+    def start_kernel(path, log_dir):  # a "kernel" is the environment it was started with
+        events.append(("start", path.name[:2]))
+        return run_all.notebook_env(log_dir, path)
+
+    def execute(path, out_dir, kernel):
         events.append(("execute", path.name[:2]))
-        C._log_build("naive.cu" if path.name < "05" else "flash2_mma.cu", (), (), None)  # in the notebook's kernel
+        monkeypatch.setenv(C.BUILD_LOG_ENV, kernel[C.BUILD_LOG_ENV])  # as in the notebook's kernel process
+        C._log_build("naive.cu" if path.name < "05" else "flash2_mma.cu", (), (), None)
         return True, "1 s"
 
-    monkeypatch.setenv(C.BUILD_LOG_ENV, "")
     monkeypatch.setattr(kernels, "gpu_unavailable_reason", lambda: None)
     monkeypatch.setattr(run_all, "skip_reason", lambda path: None)
     monkeypatch.setattr(run_all, "start_compile", Compiling)
+    monkeypatch.setattr(run_all, "start_kernel", start_kernel)
     monkeypatch.setattr(run_all, "execute", execute)
+    monkeypatch.setattr(run_all, "stop_kernel", lambda kernel: events.append(("stop", kernel[C.BUILD_LOG_ENV][-8:-6])))
     assert run_all.main(["01", "03", "06"]) == 0
-    assert events == [("wait", "01"), ("execute", "01"), ("wait", "03"), ("execute", "03"), ("wait", "06"),
-                      ("execute", "06"), ("close",)]
+    # each notebook's kernel starts while the notebook before it runs, and stops when its own notebook is done
+    assert events == [("start", "01"), ("wait", "01"), ("start", "03"), ("execute", "01"), ("stop", "01"),
+                      ("wait", "03"), ("start", "06"), ("execute", "03"), ("stop", "03"),
+                      ("wait", "06"), ("execute", "06"), ("stop", "06"), ("close",)]
     assert P.read_builds(builds_json) == sorted([dict(NAIVE, notebook="01"), dict(MMA, notebook="06")],
                                                 key=P.build_key)
+
+
+def test_a_kernel_started_ahead_runs_the_notebook_with_counts_of_its_own(tmp_path):
+    """A real kernel (no GPU needed): the warm-up imports leave no output and no execution count in the notebook."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import numpy\nprint(numpy.__name__)"),
+                                         nbformat.v4.new_code_cell("1 + 1")])
+    path = tmp_path / "nb" / "00_tiny.ipynb"
+    path.parent.mkdir()
+    nbformat.write(nb, path)
+    kernel = run_all.start_kernel(path, None)
+    try:
+        ok, msg = run_all.execute(path, tmp_path / "out", kernel)
+    finally:
+        run_all.stop_kernel(kernel)
+    assert ok, msg
+    done = nbformat.read(tmp_path / "out" / "00_tiny.ipynb", as_version=4)
+    assert [c.execution_count for c in done.cells] == [1, 2]
+    assert [o.get("text") for o in done.cells[0].outputs] == ["numpy\n"]
+    assert done.cells[1].outputs[0]["data"]["text/plain"] == "2"
