@@ -38,10 +38,9 @@ def pytest_addoption(parser):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Compiling beside the tests, in parallel: one process compiling each kernel build as the tests reach it spends most of
-# its time in NVRTC. On a GPU the session starts compiling the builds the tests (results/test-builds.json) and then the
-# notebooks (results/builds.json) use, on every CPU core but one (kernels/core/prebuild.py), while the tests run: a
-# test that reaches a build first compiles it itself, and the rest of the session finds them in the cache.
+# Compiling first, in parallel: one process compiling each kernel build as the tests reach it spends most of its time
+# in NVRTC. On a GPU the session starts by compiling the builds the notebooks (results/builds.json) and the tests
+# (results/test-builds.json) use, on every CPU core (kernels/core/prebuild.py); later compiles hit the cache.
 # ---------------------------------------------------------------------------------------------------------
 
 def _is_worker(config) -> bool:
@@ -59,10 +58,7 @@ def pytest_sessionstart(session):
 
     simulated = os.environ.get(SIMULATE_ENV)  # the lists are the real GPU's builds, not an older GPU's PTX
     if gpu_unavailable_reason() is None and records and not simulated:
-        tests = {prebuild.build_key(r) for r in prebuild.read_builds(prebuild.TEST_LIST)} \
-            if prebuild.TEST_LIST.is_file() else set()
-        config._compiling = prebuild.start(records, log=lambda s: print("\n" + s),
-                                           order=lambda r: prebuild.build_key(r) not in tests)  # the tests' first
+        prebuild.prebuild(records, log=lambda s: print("\n" + s))
 
 
 def _start_recording(config) -> None:
@@ -75,9 +71,6 @@ def _start_recording(config) -> None:
 
 
 def pytest_sessionfinish(session):
-    compiling = getattr(session.config, "_compiling", None)
-    if compiling is not None:
-        compiling.close()  # long done by now; logs what it compiled
     log = getattr(session.config, "_build_log", None)
     if log is not None:
         from kernels.core import prebuild

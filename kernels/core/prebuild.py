@@ -90,11 +90,9 @@ def prebuild(records: list[dict], jobs: int | None = None, log=print) -> dict:
     return start(records, jobs or os.cpu_count() or 1, log).close()
 
 
-def start(records: list[dict], jobs: int | None = None, log=print, build=_build_one, context=None,
-          order=notebook_order) -> Compiling:
-    """Start compiling `records` in the background, sorted by `order` (default: the builds of the earliest notebook
-    first and the untagged last; None: as given), on `jobs` processes (default: every CPU core but one, left for the
-    work the compile overlaps).
+def start(records: list[dict], jobs: int | None = None, log=print, build=_build_one, context=None) -> Compiling:
+    """Start compiling `records` in the background, the builds of the earliest notebook first and the untagged last,
+    on `jobs` processes (default: every CPU core but one, left for the work the compile overlaps).
 
     `build(record) -> (file, None or the reason it was skipped)` runs in the pool of `context` (default: spawned
     processes, each with its own CUDA context); a test passes a plain function and multiprocessing.dummy (threads).
@@ -102,7 +100,7 @@ def start(records: list[dict], jobs: int | None = None, log=print, build=_build_
     records, foreign = _for_this_gpu(records)
     jobs = max(1, min(jobs or (os.cpu_count() or 2) - 1, len(records) or 1))
     context = context or multiprocessing.get_context("spawn")
-    return Compiling(sorted(records, key=order) if order else records, len(foreign), jobs, log, build, context)
+    return Compiling(sorted(records, key=notebook_order), len(foreign), jobs, log, build, context)
 
 
 def _for_this_gpu(records: list[dict]) -> tuple[list[dict], list[dict]]:
