@@ -66,16 +66,16 @@ except ImportError:
 """  # what a kernel imports before its notebook's turn
 
 
-def start_kernel(path: Path, log_dir: Path | None):
-    """A Jupyter kernel for notebook `path`, started now (in its folder, its build log in log_dir) and importing
-    WARM_UP while the notebook before it runs."""
+def start_kernel(path: Path, log_dir: Path | None, warm_up: str = WARM_UP):
+    """A Jupyter kernel for notebook `path`, started now (in its folder, its build log in log_dir) and running
+    `warm_up` while the notebook before it runs."""
     from jupyter_client import KernelManager
 
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=str(path.parent), env=notebook_env(log_dir, path))
     kc = km.client()
     kc.start_channels()
-    kc.execute(WARM_UP, silent=True, store_history=False)  # queued until the kernel is up; no output, no count
+    kc.execute(warm_up, silent=True, store_history=False)  # queued until the kernel is up; no output, no count
     return km, kc
 
 

@@ -104,7 +104,7 @@ def test_a_kernel_started_ahead_runs_the_notebook_with_counts_of_its_own(tmp_pat
     path = tmp_path / "nb" / "00_tiny.ipynb"
     path.parent.mkdir()
     nbformat.write(nb, path)
-    kernel = run_all.start_kernel(path, None)
+    kernel = run_all.start_kernel(path, None, warm_up="import json\nprint(json.__name__)")  # not WARM_UP: seconds
     try:
         ok, msg = run_all.execute(path, tmp_path / "out", kernel)
     finally:
