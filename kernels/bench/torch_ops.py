@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 
-from .common import ROOT, gpu_missing, save_result
+from .common import ROOT, gpu_missing, runnable, save_result
 from ..core import format_table, gpu_name
 from ..core import cp
 from ..core.timing import compare, host_overhead_us, paired_ratio
@@ -248,18 +248,13 @@ def bench_train(Ts, Ds, bench_kw) -> list[dict]:
         shape = {"T": T, "d": d, "B": max(1, TRAIN_TOKENS // T), "C": TRAIN_HEADS * d, "layers": TRAIN_LAYERS}
         batch = torch.randint(0, 256, (shape["B"], T + 1), device="cuda",
                               generator=torch.Generator("cuda").manual_seed(T + d))
-        fns, notes = {}, {}
+        steps = {}
         for impl, attn in attns.items():
             torch.manual_seed(0)  # the same weights for every implementation
             model = TinyGPT(attn, C=shape["C"], H=TRAIN_HEADS, L=TRAIN_LAYERS, T=T).cuda()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            step = lambda model=model, opt=opt: train_step(model, opt, batch, autocast_dtype=torch.bfloat16)
-            try:
-                step()  # one that refuses the shape is recorded, not timed
-                torch.cuda.synchronize()
-                fns[impl] = step
-            except RuntimeError as e:
-                notes[impl] = f"not run: {str(e).splitlines()[0][:120]}"
+            steps[impl] = lambda model=model, opt=opt: train_step(model, opt, batch, autocast_dtype=torch.bfloat16)
+        fns, notes = runnable(steps, errors=RuntimeError)  # one that refuses the shape is recorded, not timed
         times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
         for impl in attns:
             row = {"impl": impl, **shape}
@@ -299,14 +294,7 @@ def bench_softmax(bench_kw) -> list[dict]:
         }
         if hasattr(torch, "_masked_softmax"):
             cases[("forward", "torch._masked_softmax (fused)")] = lambda: torch._masked_softmax(x, mask, 1, 2)
-        fns, notes = {}, {}
-        for case, fn in cases.items():
-            try:
-                fn()  # one that this torch refuses is recorded, not timed
-                torch.cuda.synchronize()
-                fns[case] = fn
-            except RuntimeError as e:
-                notes[case] = f"not run: {str(e).splitlines()[0][:120]}"
+        fns, notes = runnable(cases, errors=RuntimeError)  # one that this torch refuses is recorded, not timed
         times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
         for direction, impl in cases:
             row = {"shape": label, "rows": R, "cols": C, "direction": direction, "impl": impl}

@@ -40,7 +40,7 @@ import numpy as np
 
 import reference as R
 
-from .common import ROOT, gpu_missing
+from .common import ROOT, gpu_missing, runnable
 from ..core import check, format_table, gpu_name
 from ..flash import flash2_mma
 from ..pytorch import flash2_triton as F
@@ -90,26 +90,6 @@ def backward_call(forward, q, k, v, do):
     qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
     o = forward(qg, kg, vg)
     return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
-
-
-def not_run(e: Exception) -> str:
-    return f"not run: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-
-
-def runnable(fns: dict, build=None) -> tuple[dict, dict]:
-    """The entries of fns that run once without an error, to time ({name: callable}; where build is given, the callable
-    is build(fns[name])), and not_run(error) for the others ({name: str}): a backend that refuses the shape, a
-    configuration out of shared memory or registers. Recorded, not fatal."""
-    ok, notes = {}, {}
-    for name, fn in fns.items():
-        try:
-            fn = build(fn) if build is not None else fn
-            fn()
-            cp.cuda.Device().synchronize()
-            ok[name] = fn
-        except Exception as e:
-            notes[name] = not_run(e)
-    return ok, notes
 
 
 def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None), log=print) -> list[dict]:
