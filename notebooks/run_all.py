@@ -64,15 +64,16 @@ try:
 except ImportError:
     pass
 """  # what a kernel imports before its notebook's turn
+KERNEL_NAME = "python3"  # the kernelspec every notebook names
 
 
-def start_kernel(path: Path, log_dir: Path | None, warm_up: str = WARM_UP):
+def start_kernel(path: Path, log_dir: Path | None, warm_up: str = WARM_UP, **popen):
     """A Jupyter kernel for notebook `path`, started now (in its folder, its build log in log_dir) and running
-    `warm_up` while the notebook before it runs."""
+    `warm_up` while the notebook before it runs. `popen` goes to the kernel's process (stderr=, as nbval passes)."""
     from jupyter_client import KernelManager
 
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(path.parent), env=notebook_env(log_dir, path))
+    km = KernelManager(kernel_name=KERNEL_NAME)
+    km.start_kernel(cwd=str(path.parent), env=notebook_env(log_dir, path), **popen)
     kc = km.client()
     kc.start_channels()
     kc.execute(warm_up, silent=True, store_history=False)  # queued until the kernel is up; no output, no count
@@ -103,7 +104,7 @@ def execute(path: Path, out_dir: Path, kernel) -> tuple[bool, str]:
             return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
     kernel[1].wait_for_ready(timeout=300)  # up, and done with WARM_UP (a kernel started just now takes a second)
-    client = Progress(nb, km=kernel[0], timeout=1800, kernel_name="python3",
+    client = Progress(nb, km=kernel[0], timeout=1800, kernel_name=KERNEL_NAME,
                       resources={"metadata": {"path": str(path.parent)}})
     t0 = time.time()
     try:

@@ -1,7 +1,10 @@
 """What notebooks/run_all.py keeps of a run: the builds each notebook's kernel logged, tagged with the first notebook
-that used them, in results/builds.json (the next run compiles them in that order, beside the notebooks)."""
+that used them, in results/builds.json (the next run compiles them in that order, beside the notebooks); the kernels it
+starts ahead, and nbval's (notebooks/conftest.py)."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +13,8 @@ import pytest
 from kernels.core import compile as C
 from kernels.core import prebuild as P
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "notebooks"))
 import run_all  # noqa: E402
 
 NAIVE, SOFTMAX, MMA = C.build_record("naive.cu"), C.build_record("softmax.cu"), C.build_record("flash2_mma.cu")
@@ -114,3 +118,38 @@ def test_a_kernel_started_ahead_runs_the_notebook_with_counts_of_its_own(tmp_pat
     assert [c.execution_count for c in done.cells] == [1, 2]
     assert [o.get("text") for o in done.cells[0].outputs] == ["numpy\n"]
     assert done.cells[1].outputs[0]["data"]["text/plain"] == "2"
+
+
+NBVAL_CONFTEST = """\\
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("notebooks_conftest", {path!r})
+notebooks_conftest = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(notebooks_conftest)
+notebooks_conftest.KernelsAhead.warm_up = "import colorsys"  # a module no kernel imports by itself; not WARM_UP
+pytest_collection_modifyitems = notebooks_conftest.pytest_collection_modifyitems
+pytest_sessionfinish = notebooks_conftest.pytest_sessionfinish
+"""
+
+
+def test_nbval_runs_each_notebook_on_a_fresh_kernel_started_ahead(tmp_path):
+    """notebooks/conftest.py under nbval (real kernels, no GPU needed): every notebook finds its kernel's warm-up
+    done before its first cell, and no name left by the notebook before it; a skipped notebook in between is passed
+    over."""
+    import nbformat
+
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    (folder / "conftest.py").write_text(NBVAL_CONFTEST.format(path=str(ROOT / "notebooks" / "conftest.py")))
+    first = "import sys\nassert 'colorsys' in sys.modules, 'the warm-up did not run first'"
+    fresh = "assert 'seen' not in globals(), 'a kernel was used twice'\nseen = 1"
+    for i, needs_gpu in enumerate((False, True, False, False)):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(first), nbformat.v4.new_code_cell(fresh)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.metadata["course"] = {"needs_gpu": needs_gpu, "min_cc": [99, 0]}  # 01 is skipped on every machine
+        nbformat.write(nb, folder / f"0{i}_tiny.ipynb")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "notebooks"), str(ROOT)]))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--rootdir",
+                          str(folder), str(folder)], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "6 passed, 2 skipped" in res.stdout, res.stdout[-3000:]
