@@ -40,6 +40,7 @@ import pytest
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None  # the session's threads, shared by every file's plan
 _JOBS: set = set()  # the jobs of the files not done yet, for drain()
+_LIMITS = None  # threadpoolctl's limits on this process's BLAS and OpenMP threads while start_session's work runs
 
 
 class _Job:
@@ -142,6 +143,7 @@ def start_session(session, tmp_path_factory) -> None:
             by_module.setdefault(module, []).append(item)
     plans = [(plan, items) for module, items in by_module.items()
              for plan in vars(module).values() if isinstance(plan, Ahead)]
+    _limit_thread_pools()
     for plan, items in sorted(plans, key=lambda p: not p[0].first):  # a stable sort: file order within each
         try:
             plan.start(items, tmp_path_factory)
@@ -151,9 +153,32 @@ def start_session(session, tmp_path_factory) -> None:
             plan.close()  # the module fixture starts it again, and its file's tests report the error
 
 
+def _limit_thread_pools() -> None:
+    """While the session's work runs ahead on every core, the test thread's BLAS (NumPy's OpenBLAS) and OpenMP (torch's)
+    pools use at most a quarter of the cores: their threads spin while they wait for each other, which costs the most
+    where they outnumber the free cores. threadpoolctl (requirements-test.txt) sets the limits; without it nothing is
+    limited."""
+    global _LIMITS
+    try:
+        import threadpoolctl
+    except ImportError:
+        return
+    if _LIMITS is None:
+        _LIMITS = threadpoolctl.threadpool_limits(limits=max(1, (os.cpu_count() or 1) // 4))
+
+
+def _unlimit_thread_pools() -> None:
+    global _LIMITS
+    if _LIMITS is not None:
+        _LIMITS.restore_original_limits()
+        _LIMITS = None
+
+
 def drain() -> None:
-    """Wait until every job started ahead in this session is done (or cancelled)."""
+    """Wait until every job started ahead in this session is done (or cancelled); the thread pools get their cores
+    back."""
     concurrent.futures.wait([job.future for job in list(_JOBS)])
+    _unlimit_thread_pools()
 
 
 def finish() -> None:
@@ -166,3 +191,4 @@ def finish() -> None:
     if _POOL is not None:
         _POOL.shutdown(wait=True, cancel_futures=True)
         _POOL = None
+    _unlimit_thread_pools()
