@@ -148,7 +148,8 @@ def test_nbval_runs_each_notebook_on_a_fresh_kernel_started_ahead(tmp_path):
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.metadata["course"] = {"needs_gpu": needs_gpu, "min_cc": [99, 0]}  # 01 is skipped on every machine
         nbformat.write(nb, folder / f"0{i}_tiny.ipynb")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "notebooks"), str(ROOT)]))
+    paths = [str(ROOT / "notebooks"), str(ROOT), os.environ.get("PYTHONPATH", "")]  # the last: where nbval may be
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--rootdir",
                           str(folder), str(folder)], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
