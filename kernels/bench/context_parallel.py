@@ -3,7 +3,8 @@ kernels.bench.context_parallel`.
 
 For each T (default 16384 and 65536), B=1 H=32 d=128 bfloat16, causal and not, forward and forward+backward:
 
-    one GPU      our kernels (flash2_mma forward with LSE, flash2_mma_bwd) on the whole sequence, on each GPU at once
+    one GPU      our kernels (the torch operator's: hopper_fa3 and the Hopper backward on a Hopper, flash2_mma and
+                 flash2_mma_bwd elsewhere) on the whole sequence, on each GPU at once
     ring         kernels/parallel: contiguous chunks, K and V round the ring (the causal imbalance left in)
     zigzag       chunks r and 2N-1-r on rank r: the causal work balanced
     alltoall     two all-to-alls, sequence <-> heads (Ulysses), local attention on H/N heads
