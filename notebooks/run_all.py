@@ -198,10 +198,12 @@ def wait_for_builds(compiling, path: Path) -> None:
 
 
 def notebook_env(log_dir: Path | None, path: Path) -> dict:
-    """The environment of notebook `path`'s kernel: this one, with its builds logged to log_dir/NN.jsonl."""
+    """The environment of notebook `path`'s kernel: this one, with its builds logged to log_dir/NN.jsonl, or (log_dir
+    None) not logged: a test session's `--record-builds` list is the tests' builds, not the notebooks'."""
     from kernels.core.compile import BUILD_LOG_ENV
 
     env = dict(os.environ)
+    env.pop(BUILD_LOG_ENV, None)
     if log_dir is not None:
         env[BUILD_LOG_ENV] = str(log_dir / f"{path.name[:2]}.jsonl")
     return env

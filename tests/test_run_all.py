@@ -43,6 +43,12 @@ def test_each_notebook_logs_to_its_own_file(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "06.jsonl").read_text())["file"] == "06.cu"
 
 
+def test_a_kernel_without_a_log_folder_logs_nothing(monkeypatch):
+    """nbval's kernels (log_dir None) do not append to a test session's --record-builds log, which it inherits."""
+    monkeypatch.setenv(C.BUILD_LOG_ENV, "/tmp/a-test-session-list.jsonl")
+    assert C.BUILD_LOG_ENV not in run_all.notebook_env(None, Path("01_naive_cuda.ipynb"))
+
+
 def test_a_full_run_tags_each_build_with_the_first_notebook_that_used_it(tmp_path, builds_json, capsys):
     P.write_builds(builds_json, [dict(NAIVE, notebook="01"), dict(MMA, notebook="06")])  # the run replaces these
     log_dir = _logs(tmp_path, n06=[MMA, SOFTMAX], n02=[SOFTMAX, SOFTMAX], n15=[MMA])
