@@ -21,6 +21,8 @@ def _plan(item, tmp_path_factory):
     """Every command's subprocess starts with the session's other work (tests/ahead.py)."""
     import kernels
 
+    if not hasattr(item, "callspec"):  # a test of no command
+        return
     module = item.callspec.params["module"]
     if item.originalname == "test_help_starts_nothing":
         yield (module, "--help"), run, (module, "--help")
@@ -48,3 +50,17 @@ def test_without_a_gpu_a_run_says_why(module):
     res = AHEAD.result((module,), run, module)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert "Traceback" not in res.stderr and "needs" in (res.stdout + res.stderr), res.stderr
+
+
+def test_ncu_backward_profile_groups_the_kernels_by_side_and_head_dim():
+    """kernels.bench.ncu --hopper-backward: the kernels of the NVTX range, in launch order, ours then cuDNN's per d;
+    another order is an error that lists the kernels."""
+    from kernels.bench.ncu import backward_sides
+
+    ours = ["hopper_bwd_preprocess_f16", "hopper_bwd_f16_d64", "hopper_bwd_postprocess_f16"]
+    cudnn = ["cudnn_generated_sdpa_bprop_dot_do_o", "cudnn_generated_sdpa_bprop_kernel"]
+    sides = backward_sides(ours + cudnn + ours + cudnn)
+    assert [(side, d, rows) for side, d, rows in sides] == [("ours", 64, [0, 1, 2]), ("cuDNN", 64, [3, 4]),
+                                                          ("ours", 128, [5, 6, 7]), ("cuDNN", 128, [8, 9])]
+    with pytest.raises(RuntimeError, match="hopper_bwd_f16_d64"):
+        backward_sides(ours + ours + cudnn)

@@ -2,6 +2,7 @@
 
     python3 -m kernels.bench.ncu > results/h100-ncu.txt
     python3 -m kernels.bench.ncu --hopper > results/h100-ncu-hopper.txt
+    python3 -m kernels.bench.ncu --hopper-backward > results/h100-ncu-hopper-bwd.txt
 
 fp16, B=4, H=32, T=4096, d in {64, 128}, not causal; one launch of each kernel is profiled and a table of
 duration, registers, warps per SM, tensor-pipe activity, issue activity, instructions and stall reasons is
@@ -10,7 +11,10 @@ ILP loop ("row loop", the "before" of notebook 06, section 7) and with the defau
 at d=128, the fused ILP loop at d=64). Notebook 06 shows
 the table recorded on the H100 (results/h100-ncu.txt). With --hopper: hopper_fa3 (kernels/hopper/hopper_attn.cu) and SDPA's
 cuDNN backend, once each per d, with the Hopper rows added (wgmma's tensor-pipe activity, memory throughput); notebook
-13 shows results/h100-ncu-hopper.txt. Needs `ncu` on the PATH.
+13 shows results/h100-ncu-hopper.txt. With --hopper-backward: the backward of each, the same shapes and metrics: the
+kernels launched inside an NVTX range around each backward (ours: preprocess, main, postprocess; cuDNN's, whatever
+they are named), the longest of each side's shown as its main kernel, with every kernel's duration summed. Needs
+`ncu` on the PATH.
 """
 
 import argparse
@@ -74,6 +78,7 @@ HOPPER_METRICS = {
     **{f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s} (cycles/issue)" for s in STALLS},
 }
 HOPPER_KERNELS = "regex:hopper_attn|cudnn|sdpa"
+HOPPER_KERNELS_ALL = "regex:.*"  # with --hopper-backward the NVTX range picks the kernels
 
 
 def launch_hopper():
@@ -91,10 +96,47 @@ def launch_hopper():
     cp.cuda.Device().synchronize()
 
 
-def profile(kernels, metrics, flag):
-    """Run this module under ncu with `flag` (the launching side); return (header, units, one row per kernel)."""
-    cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "-k", kernels, "--metrics", ",".join(metrics),
-           sys.executable, "-m", "kernels.bench.ncu", flag]
+BACKWARD_RANGE = "backward"  # the NVTX range launch_hopper_backward puts around each backward
+
+
+def launch_hopper_backward():
+    """Our Hopper backward and cuDNN's (through SDPA's autograd), once each per d, each inside the NVTX range; the
+    forwards that feed them run outside it."""
+    sys.path.insert(0, str(ROOT))
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import reference as R
+    from ..hopper import hopper_attn as A
+    from ..hopper import hopper_attn_bwd as BWD
+
+    for d in (64, 128):
+        q, k, v = (cp.asarray(x.astype("float16")) for x in R.make_qkv(4, 32, 4096, d, seed=1))
+        do = cp.asarray(R.make_qkv(4, 32, 4096, d, seed=2)[0].astype("float16"))
+        o, lse = A.forward(q, k, v, causal=False, return_lse=True)
+        cp.cuda.Device().synchronize()
+        torch.cuda.nvtx.range_push(BACKWARD_RANGE)
+        BWD.backward(q, k, v, o, lse, do, causal=False)
+        cp.cuda.Device().synchronize()
+        torch.cuda.nvtx.range_pop()
+        qt, kt, vt = (torch.from_dlpack(x).requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ot = F.scaled_dot_product_attention(qt, kt, vt)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(BACKWARD_RANGE)
+        ot.backward(torch.from_dlpack(do))
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+
+
+def profile(kernels, metrics, flag, nvtx_range=None):
+    """Run this module under ncu with `flag` (the launching side), profiling the kernels matching `kernels` (and, with
+    nvtx_range, only those launched inside that push/pop range); return (header, units, one row per kernel)."""
+    only = ["--nvtx", "--nvtx-include", f"{nvtx_range}/"] if nvtx_range else []
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", *only, "-k", kernels, "--metrics",
+           ",".join(metrics), sys.executable, "-m", "kernels.bench.ncu", flag]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     rows = list(csv.reader(io.StringIO(out[out.index('"ID"'):])))
     return rows[0], rows[1], [r for r in rows[2:] if r and r[0].isdigit()]
@@ -143,20 +185,54 @@ def main_hopper():
     print_table(head, units, data, names, HOPPER_METRICS)
 
 
+def backward_sides(names: list[str]) -> list[tuple[str, int, list[int]]]:
+    """The profiled backward kernels, in launch order, grouped as (side, d, row indices): ours (hopper_bwd_*) then
+    cuDNN's, for d = 64 then 128. Raises where the launches do not come in that pattern."""
+    groups: list[tuple[str, list[int]]] = []
+    for i, name in enumerate(names):
+        side = "ours" if name.startswith("hopper_bwd") else "cuDNN"
+        if groups and groups[-1][0] == side:
+            groups[-1][1].append(i)
+        else:
+            groups.append((side, [i]))
+    if [g[0] for g in groups] != ["ours", "cuDNN", "ours", "cuDNN"]:
+        raise RuntimeError(f"expected our backward then cuDNN's, for d = 64 and 128; got kernels {names}")
+    return [(side, (64, 64, 128, 128)[j], rows) for j, (side, rows) in enumerate(groups)]
+
+
+def main_hopper_backward():
+    head, units, data = profile(HOPPER_KERNELS_ALL, HOPPER_METRICS, "--launch-hopper-backward", BACKWARD_RANGE)
+    names = [r[head.index("Kernel Name")] for r in data]
+    duration = head.index("gpu__time_duration.sum")
+    sides = backward_sides(names)
+    main_rows = [max(rows, key=lambda i: float(data[i][duration].replace(",", ""))) for _, _, rows in sides]
+    print("Nsight Compute, fp16 B=4 H=32 T=4096 not causal, one backward of each; the main (longest) kernel of each "
+          "side below; command:")
+    print(f"  ncu --clock-control none --csv --page raw --nvtx --nvtx-include '{BACKWARD_RANGE}/' -k "
+          f"'{HOPPER_KERNELS_ALL}' --metrics <the metrics below> python3 -m kernels.bench.ncu --launch-hopper-backward")
+    print_table(head, units, [data[i] for i in main_rows], [f"{side} d={d}" for side, d, _ in sides], HOPPER_METRICS)
+    print(f"{'all kernels of the backward: duration [' + units[duration].strip() + ']':46s}" +
+          "".join(f"{sum(float(data[i][duration].replace(',', '')) for i in rows):19.4g}" for _, _, rows in sides))
+    for side, d, rows in sides:
+        print(f"  {side} d={d}: " + "; ".join(names[i][:60] for i in rows))
+
+
 def cli(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m kernels.bench.ncu", description=__doc__.split("\n")[0],
                                 epilog="Needs Nsight Compute's ncu on the PATH and a CUDA GPU.")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--hopper", action="store_true", help="profile hopper_fa3 beside cuDNN instead (an H100)")
+    what.add_argument("--hopper-backward", action="store_true",
+                      help="profile the Hopper backward beside cuDNN's backward instead (an H100)")
     what.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # the side that ncu runs
     what.add_argument("--launch-hopper", action="store_true", help=argparse.SUPPRESS)
+    what.add_argument("--launch-hopper-backward", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.launch:
-        launch()
-        return 0
-    if args.launch_hopper:
-        launch_hopper()
-        return 0
+    launchers = {"launch": launch, "launch_hopper": launch_hopper, "launch_hopper_backward": launch_hopper_backward}
+    for flag, launcher in launchers.items():
+        if getattr(args, flag):
+            launcher()
+            return 0
     if shutil.which("ncu") is None:
         print("kernels.bench.ncu needs Nsight Compute's `ncu` on the PATH (it comes with the CUDA toolkit)",
               file=sys.stderr)
@@ -164,7 +240,7 @@ def cli(argv=None) -> int:
     missing = gpu_missing("python3 -m kernels.bench.ncu")
     if missing is not None:
         return missing
-    main_hopper() if args.hopper else main()
+    (main_hopper if args.hopper else main_hopper_backward if args.hopper_backward else main)()
     return 0
 
 
