@@ -183,3 +183,21 @@ def test_rows_carry_the_issues_ratios():
 def test_the_cli_lists_the_cases():
     with pytest.raises(SystemExit):
         BV.main(["--cases", "nope"])
+
+
+def test_the_backward_pass_counts_its_flops_and_picks_the_backward_kernel():
+    """--pass fwd+bwd: the forward's FLOPs times 3.5 in TFLOP/s, rows marked "fwd+bwd"; the Hopper backward only for
+    the plain masks at d = 64 and 128, flash2_mma_bwd (its variant kernel) for everything else."""
+    from kernels.flash import flash2_mma_bwd
+    from kernels.hopper import hopper_attn_bwd
+
+    T, causal = 4096, BV.CASE["causal"]
+    assert BV.flops(causal, T, backward=True) == pytest.approx(3.5 * BV.flops(causal, T))
+    rows = BV.rows_from_timings(T, [causal], {("causal", "flash2_mma"): fake([2.0, 2.0, 2.0])}, {}, {},
+                                backward=True)
+    r = {x["impl"]: x for x in rows}["flash2_mma"]
+    assert r["pass"] == "fwd+bwd" and r["TFLOP/s"] == pytest.approx(BV.flops(causal, T, backward=True) / 2e-3 / 1e12)
+    assert BV.our_backward("hopper_attn", causal) is hopper_attn_bwd.backward
+    for name in ("window1024", "docs8", "softcap30", "alibi", "gqa8", "d256"):
+        assert BV.our_backward("hopper_attn", BV.CASE[name]) is flash2_mma_bwd.backward, name
+    assert BV.our_backward("flash2_mma", causal) is flash2_mma_bwd.backward

@@ -22,6 +22,12 @@ Implementations (one compare() per T: every (case, implementation) of that T tim
     sdpa_cudnn, sdpa_flash   torch SDPA forced to that backend (torch.nn.attention.sdpa_kernel), where SDPA has the
                  variant (causal, gqa8 with enable_gqa=True, d256); a backend that refuses is recorded with its reason
 
+--pass fwd+bwd times the forward and the backward together (one call: o and lse, then dq, dk, dv for a random dO):
+ours are the forward above, then flash2_mma_bwd (its variant kernel for a mask or modifier), or on a Hopper, for the
+plain masks at d = 64 and 128, hopper_attn_bwd; FlexAttention and SDPA through torch.autograd.grad. Its FLOPs are
+3.5 times the forward's (the backward's five products against the forward's two), and our rows are checked on their
+gradients (the worst of dq, dk, dv against torch.autograd on torch_attention in float32).
+
 Before anything is timed, each of our implementations is checked against a float32 torch computation of the same
 variant (`torch_attention`: the scores, score_mod, mask_mod and softmax written out) at one small shape (CHECK: B=2,
 H=8, T=1500, the case's d and group size); a row that fails is recorded with the check and not timed, and a launcher
@@ -43,6 +49,7 @@ Results go to results/bench-variants.json, numbers as numbers, with the command 
     python3 -m kernels.bench.variants                                  # T = 4096 and 16384, float16
     python3 -m kernels.bench.variants --dtype bfloat16 --out results/bench-variants-bf16.json
     python3 -m kernels.bench.variants --T 4096 --cases causal softcap30 # part of the grid
+    python3 -m kernels.bench.variants --pass fwd+bwd --out results/bench-variants-train.json
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ CHECK = dict(B=2, H=8, T=1500)  # the correctness check's shape (ragged: not a m
 OURS = ("flash2_mma", "hopper_attn")
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"}
 IMPLS = OURS + ("flex",) + tuple(SDPA_BACKENDS)
+PASSES = ("fwd", "fwd+bwd")
+BACKWARD_FLOPS = 2.5  # the backward's FLOPs over the forward's: five matrix products against two
 
 
 @dataclass(frozen=True)
@@ -156,9 +165,10 @@ def visible_pairs(case: Case, T: int) -> int:
     return int(np.maximum(hi - lo + 1, 0).sum())
 
 
-def flops(case: Case, T: int, batch: int = B, heads: int = H) -> float:
-    """Forward FLOPs of the visible area: 4 batch heads d per visible pair (two matrix products)."""
-    return 4.0 * batch * heads * case.d * visible_pairs(case, T)
+def flops(case: Case, T: int, batch: int = B, heads: int = H, backward: bool = False) -> float:
+    """Forward FLOPs of the visible area: 4 batch heads d per visible pair (two matrix products); with backward,
+    the forward's and the backward's together (1 + BACKWARD_FLOPS times as many)."""
+    return 4.0 * batch * heads * case.d * visible_pairs(case, T) * ((1.0 + BACKWARD_FLOPS) if backward else 1.0)
 
 
 def mask_mod(case: Case, Tq: int, Tk: int, ids=None):
@@ -241,16 +251,17 @@ def torch_attention(q, k, v, case: Case, ids=None, slopes=None):
 # ---- the rows, from the timings (CPU-testable with made-up Timings) ------------------------------------------------
 
 def rows_from_timings(T: int, cases, times: dict, notes: dict, checks: dict, batch: int = B, heads: int = H,
-                      impls=IMPLS) -> list[dict]:
+                      impls=IMPLS, backward: bool = False) -> list[dict]:
     """One row per (case, implementation of impls): times {(case name, impl): Timing} of one compare(), notes
-    {(case, impl): why it has no time}, checks {(case, impl): the CheckResult of the correctness check}."""
+    {(case, impl): why it has no time}, checks {(case, impl): the CheckResult of the correctness check}; backward:
+    the times are of the forward and the backward together."""
     causal_pairs = visible_pairs(CASE["causal"], T)
     rows = []
     for case in cases:
         pairs = visible_pairs(case, T)
         for impl in impls:
             key = (case.name, impl)
-            row = {"T": T, "case": case.name, "impl": impl, "B": batch, "H": heads,
+            row = {"T": T, "case": case.name, "impl": impl, "pass": PASSES[backward], "B": batch, "H": heads,
                    "Hkv": case.kv_heads(heads), "d": case.d, "visible pairs": pairs,
                    "visible fraction": pairs / (T * T)}
             if key in checks:
@@ -260,7 +271,8 @@ def rows_from_timings(T: int, cases, times: dict, notes: dict, checks: dict, bat
                 row["note"] = notes.get(key, "not run")
                 rows.append(row)
                 continue
-            row.update({"ms": t.ms, "call ms": t.call_ms, "TFLOP/s": t.tflops(flops(case, T, batch, heads))})
+            row.update({"ms": t.ms, "call ms": t.call_ms,
+                        "TFLOP/s": t.tflops(flops(case, T, batch, heads, backward))})
             for col, peer in (("vs flex", "flex"), ("vs cuDNN", "sdpa_cudnn")):
                 p = times.get((case.name, peer))
                 row[col] = paired_ratio(t, p) if p is not None and peer != impl else None
@@ -327,34 +339,63 @@ def unsupported(impl: str, cc: tuple, case: Case) -> str | None:
     return None
 
 
-def _our_call(impl: str, case: Case, q, k, v, T: int):
-    """A zero-argument callable running our `impl` on torch tensors q, k, v (as CuPy views) with the case's options;
-    the launcher's ValueError (a case it does not support) comes from the first call, made here."""
+def our_backward(impl: str, case: Case):
+    """The backward after `impl`'s forward: on a Hopper (impl hopper_attn) for the plain masks at d = 64 and 128
+    hopper_attn_bwd.backward, otherwise flash2_mma_bwd.backward (its variant kernel for a mask or modifier); both
+    take the lse of either forward."""
+    plain = case.window is None and not case.docs and case.softcap is None and not case.alibi and case.Hkv is None
+    if impl == "hopper_attn" and plain:
+        from ..hopper import hopper_attn_bwd
+
+        if case.d in hopper_attn_bwd.HEAD_DIMS:
+            return hopper_attn_bwd.backward
+    from ..flash import flash2_mma_bwd
+
+    return flash2_mma_bwd.backward
+
+
+def _our_call(impl: str, case: Case, q, k, v, T: int, do=None):
+    """A zero-argument callable running our `impl` on torch tensors q, k, v (as CuPy views) with the case's options:
+    the forward, or with do (dO, like q) the forward with its lse and then the backward (our_backward), returning
+    (dq, dk, dv). The launcher's ValueError (a case it does not support) comes from the first call, made here."""
     from ..core import cp
 
     fwd = our_forward(impl)
-    cq, ck, cv = (cp.from_dlpack(x) for x in (q, k, v))
+    cq, ck, cv = (cp.from_dlpack(x.detach()) for x in (q, k, v))  # views, also where the peers set requires_grad
     opts = {n: cp.asarray(x) if isinstance(x, np.ndarray) else x
             for n, x in variant_options(case, q.shape[0], q.shape[1], T).items()}
-    fn = (lambda: fwd(cq, ck, cv, **opts))
+    if do is None:
+        fn = (lambda: fwd(cq, ck, cv, **opts))
+        return fn, fn()
+    bwd, cdo = our_backward(impl, case), cp.from_dlpack(do.detach())
+
+    def fn():
+        o, lse = fwd(cq, ck, cv, return_lse=True, **opts)
+        return bwd(cq, ck, cv, o, lse, cdo, **opts)
     return fn, fn()
 
 
-def check_ours(impl: str, case: Case, dtype: str):
-    """(CheckResult, None) of `impl` on the case at the CHECK shape against torch_attention in float32, or (None,
-    "not supported: <the launcher's ValueError>")."""
+def check_ours(impl: str, case: Case, dtype: str, backward: bool = False):
+    """(CheckResult, None) of `impl` on the case at the CHECK shape against torch_attention in float32 (backward:
+    the worst of dq, dk, dv against torch.autograd's), or (None, "not supported: <the launcher's ValueError>")."""
     import torch
 
     batch, heads, T = CHECK["B"], CHECK["H"], CHECK["T"]
     q, k, v = _inputs(case, batch, heads, T, dtype, seed=7)
+    do = torch.randn_like(q) if backward else None
     try:
-        _, o = _our_call(impl, case, q, k, v, T)
+        _, out = _our_call(impl, case, q, k, v, T, do)
     except ValueError as e:
         return None, f"not supported: {e}"
     ids = torch.from_numpy(doc_ids(T, case.docs)).cuda() if case.docs else None
     slopes = torch.from_numpy(alibi_slopes(heads)).cuda() if case.alibi else None
-    ref = torch_attention(q.float(), k.float(), v.float(), case, ids, slopes)
-    return check(o, ref.cpu().numpy(), dtype), None
+    leaves = [x.float().requires_grad_(backward) for x in (q, k, v)]
+    ref = torch_attention(*leaves, case, ids, slopes)
+    if not backward:
+        return check(out, ref.detach().cpu().numpy(), dtype), None
+    grads = torch.autograd.grad(ref, leaves, do.float())
+    results = [check(got, want.cpu().numpy(), dtype) for got, want in zip(out, grads)]
+    return max(results, key=lambda r: (not r.ok, r.rel_l2 / r.tol)), None
 
 
 _FLEX = {}
@@ -379,9 +420,9 @@ def _flex_compiled():
     return _FLEX["fn"]
 
 
-def flex_call(case: Case, q, k, v):
+def flex_call(case: Case, q, k, v, do=None):
     """A zero-argument callable running compiled FlexAttention on the case (its block mask made here, its kernel
-    compiled by the first call, made here too)."""
+    compiled by the first call, made here too); with do, forward and torch.autograd.grad for dO = do."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -397,14 +438,15 @@ def flex_call(case: Case, q, k, v):
     def fn():
         return flex(q, k, v, score_mod=smod, block_mask=block_mask, **kw)
 
+    fn = fn if do is None else _with_backward(fn, (q, k, v), do)
     fn()
     torch.cuda.synchronize()
     return fn
 
 
-def sdpa_call(backend: str, case: Case, q, k, v):
+def sdpa_call(backend: str, case: Case, q, k, v, do=None):
     """A zero-argument callable running SDPA with `backend` forced (causal; enable_gqa where k has fewer heads); its
-    first call, made here, raises where the backend refuses."""
+    first call, made here, raises where the backend refuses. With do: forward and backward (_with_backward)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -412,14 +454,32 @@ def sdpa_call(backend: str, case: Case, q, k, v):
     member = getattr(SDPBackend, SDPA_BACKENDS[backend])
     kw = {"enable_gqa": True} if case.Hkv is not None else {}
 
-    def fn():
+    def forward():
         with sdpa_kernel(member):
             return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, **kw)
 
+    def fn():
+        with sdpa_kernel(member):  # the backward too runs the forced backend's kernel
+            return forward() if do is None else backward()
+
+    backward = None if do is None else _with_backward(forward, (q, k, v), do)
     with warnings.catch_warnings():  # torch warns at length before it refuses; the reason is recorded
         warnings.simplefilter("ignore")
         fn()
     torch.cuda.synchronize()
+    return fn
+
+
+def _with_backward(forward, leaves, do):
+    """forward() and then torch.autograd.grad of its output for dO = do, with respect to leaves (q, k, v: used as
+    leaves that require grad, not accumulated into .grad)."""
+    import torch
+
+    for x in leaves:
+        x.requires_grad_(True)
+
+    def fn():
+        return torch.autograd.grad(forward(), leaves, do)
     return fn
 
 
@@ -428,15 +488,17 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0][:140] if text else ''}"
 
 
-def bench_T(T: int, cases, dtype: str, bench_kw: dict, impls=IMPLS, log=print) -> list[dict]:
-    """Every (case, implementation) at T: ours checked first, then everything timed in one compare()."""
+def bench_T(T: int, cases, dtype: str, bench_kw: dict, impls=IMPLS, log=print, backward: bool = False) -> list[dict]:
+    """Every (case, implementation) at T: ours checked first, then everything timed in one compare() (backward:
+    forward and backward together)."""
     import torch
 
     cc = device_compute_capability()
     fns, notes, checks, held = {}, {}, {}, []
     for n, case in enumerate(cases):
         q, k, v = _inputs(case, B, H, T, dtype, seed=T + n)
-        held.append((q, k, v))
+        do = torch.randn_like(q) if backward else None
+        held.append((q, k, v, do))
         for impl in impls:
             key = (case.name, impl)
             why = unsupported(impl, cc, case)
@@ -445,17 +507,17 @@ def bench_T(T: int, cases, dtype: str, bench_kw: dict, impls=IMPLS, log=print) -
                 continue
             try:
                 if impl in OURS:
-                    res, why = check_ours(impl, case, dtype)
+                    res, why = check_ours(impl, case, dtype, backward)
                     if res is not None:
                         checks[key] = res
                         if not res:
                             why = f"wrong, not timed: {res.detail()}"
                     if why is None:
-                        fns[key] = _our_call(impl, case, q, k, v, T)[0]
+                        fns[key] = _our_call(impl, case, q, k, v, T, do)[0]
                 elif impl == "flex":
-                    fns[key] = flex_call(case, q, k, v)
+                    fns[key] = flex_call(case, q, k, v, do)
                 else:
-                    fns[key] = sdpa_call(impl, case, q, k, v)
+                    fns[key] = sdpa_call(impl, case, q, k, v, do)
             except ValueError as e:  # our launcher refuses the timed shape
                 why = f"not supported: {e}"
             except Exception as e:  # a peer that refuses (RuntimeError, a compile error) is recorded, not timed
@@ -468,20 +530,22 @@ def bench_T(T: int, cases, dtype: str, bench_kw: dict, impls=IMPLS, log=print) -
     times = compare(fns, rounds=ROUNDS, **bench_kw) if fns else {}
     del fns, held
     torch.cuda.empty_cache()
-    return rows_from_timings(T, cases, times, notes, checks, impls=impls)
+    return rows_from_timings(T, cases, times, notes, checks, impls=impls, backward=backward)
 
 
 def run(Ts=TS, cases=CASES, dtype: str = "float16", bench_kw=None, out_path: Path | None = None,
-        command: str | None = None, impls=IMPLS, log=print) -> dict:
+        command: str | None = None, impls=IMPLS, log=print, backward: bool = False) -> dict:
     import torch
 
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "torch": torch.__version__, "B": B, "H": H, "d": D, "dtype": dtype, "T": list(Ts),
               "cases": [c.name for c in cases], "rounds": ROUNDS, "check": CHECK, "command": command,
-              "flops": "4 B Hq d x visible pairs (counted exactly)",
+              "pass": PASSES[backward],
+              "flops": "4 B Hq d x visible pairs (counted exactly)" + (
+                  f", x {1 + BACKWARD_FLOPS} for forward and backward" if backward else ""),
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
     for T in Ts:
-        result["rows"] += bench_T(T, cases, dtype, bench_kw, impls, log)
+        result["rows"] += bench_T(T, cases, dtype, bench_kw, impls, log, backward)
     return save_result(result, out_path)
 
 
@@ -490,7 +554,7 @@ COLUMNS = ["T", "case", "impl", "ms", "TFLOP/s", "vs flex", "vs cuDNN", "vs caus
 
 def summary(result: dict) -> str:
     """The table as text."""
-    return f"GPU: {result['gpu']}, torch {result['torch']}, {result['dtype']}\n\n" + \
+    return f"GPU: {result['gpu']}, torch {result['torch']}, {result['dtype']}, {result.get('pass', 'fwd')}\n\n" + \
         format_table(result["rows"], COLUMNS)
 
 
@@ -501,6 +565,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", choices=list(CASE), default=list(CASE))
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--pass", dest="passes", choices=PASSES, default="fwd",
+                   help="fwd: the forward; fwd+bwd: forward and backward in one call")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-variants.json")
     args = p.parse_args(argv)
     missing = gpu_missing("python3 -m kernels.bench.variants")
@@ -508,7 +574,8 @@ def main(argv=None) -> int:
         return missing
     command = " ".join(["python3 -m kernels.bench.variants", *(sys.argv[1:] if argv is None else argv)])
     result = run(args.T, [CASE[n] for n in args.cases], args.dtype,
-                 dict(batches=args.batches, calls=args.calls, warmup=1), args.out, command)
+                 dict(batches=args.batches, calls=args.calls, warmup=1), args.out, command,
+                 backward=args.passes == "fwd+bwd")
     print(summary(result))
     return 0
 
