@@ -55,7 +55,7 @@ class KernelsAhead:
         self.started = (notebook, run_all.start_kernel(notebook, None, self.warm_up, stderr=subprocess.DEVNULL))
 
     def stop(self) -> None:
-        """Stop the kernel started ahead, where nbval did not take it (its notebook was skipped, or failed to set up)."""
+        """Stop the kernel started ahead where nbval did not take it (its notebook was skipped or failed to set up)."""
         if self.started is not None:
             run_all.stop_kernel(self.started[1])
             self.started = None
