@@ -9,11 +9,11 @@ duration, registers, warps per SM, tensor-pipe activity, issue activity, instruc
 printed. flash2_mma runs twice per d: with the kernel's row-by-row loop on the tile that was the default before the
 ILP loop ("row loop", the "before" of notebook 06, section 7) and with the default build ("default": the ILP loop
 at d=128, the fused ILP loop at d=64). Notebook 06 shows the table recorded on the H100 (results/h100-ncu.txt).
-With --hopper: hopper_fa3 (kernels/hopper/hopper_attn.cu) and SDPA's cuDNN backend, once each per d, with the Hopper rows added (wgmma's tensor-pipe activity, memory throughput); notebook
-13 shows results/h100-ncu-hopper.txt. With --hopper-backward: the backward of each, the same shapes and metrics: the
-kernels launched inside an NVTX range around each backward (ours: preprocess, main, postprocess; cuDNN's, whatever
-they are named), the longest of each side's shown as its main kernel, with every kernel's duration summed. Needs
-`ncu` on the PATH.
+With --hopper: hopper_fa3 (kernels/hopper/hopper_attn.cu) and SDPA's cuDNN backend, once each per d, with the
+Hopper rows added (wgmma's tensor-pipe activity, memory throughput); notebook 13 shows results/h100-ncu-hopper.txt.
+With --hopper-backward: the backward of each, the same shapes and metrics: the kernels launched inside an NVTX range
+around each backward (ours: preprocess, main, postprocess; cuDNN's, whatever they are named), the longest of each
+side's shown as its main kernel, with every kernel's duration summed. Needs `ncu` on the PATH.
 """
 
 import argparse
