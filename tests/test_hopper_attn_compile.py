@@ -56,8 +56,7 @@ def _nvrtc_build(build):
     causal, schedule = build
     source = core.kernel_path(A.KERNEL_FILE).read_text()
     tiles = build_tiles(causal)
-    options = (core.NVRTC_OPTIONS + A.tiles_defines(64, tiles[64]) + A.tiles_defines(128, tiles[128])
-               + A.SCHEDULES[schedule])
+    options = core.NVRTC_OPTIONS + sum((A.tiles_defines(d, tiles[d]) for d in A.HEAD_DIMS), ()) + A.SCHEDULES[schedule]
     return core.compile_cubin(source, A.KERNEL_FILE, ARCH, options)
 
 
@@ -94,9 +93,10 @@ def test_sass_has_both_wgmma_forms_and_tma(sass, build, key, capsys):
     rs = [f for f in found if f[2].startswith("R")]
     assert len(ss) == copies * D // 16 and all(n == str(N) for n, *_ in ss), \
         f"{name}: expected {copies * D // 16} HGMMA.64x{N}x16 from shared memory (S = Q K^T), found {ss}"
-    assert len(rs) == copies * N // 16 and all(n == str(D) and tr == ".tnspB" for n, _, _, tr in rs), \
-        f"{name}: expected {copies * N // 16} HGMMA.64x{D}x16 with A in registers and B transposed " \
-        f"(O += P V), found {rs}"
+    pv_n = min(D, 128)  # at D = 256 each k-step of O += P V is two m64n128k16, one per 128 columns
+    pv = copies * N // 16 * (D // pv_n)
+    assert len(rs) == pv and all(n == str(pv_n) and tr == ".tnspB" for n, _, _, tr in rs), \
+        f"{name}: expected {pv} HGMMA.64x{pv_n}x16 with A in registers and B transposed (O += P V), found {rs}"
     assert len(ss) + len(rs) == len(re.findall(r"\bHGMMA\b", code)), f"{name}: an HGMMA of neither form"
     utmaldg = len(re.findall(r"\bUTMALDG\.3D\b", code))
     assert utmaldg == 3 * (D // 64), f"{name}: expected {3 * (D // 64)} UTMALDG.3D (Q, K, V per 64 columns)"
@@ -142,8 +142,8 @@ def test_constants_agree_with_the_kernel():
         assert A.smem_bytes(D, t) == (t.block_m + t.stages * 2 * t.block_n) * D * 2 + 1024 <= 227 * 1024
         assert t.block_n in A.BLOCK_NS and t.launch_regs == {128: 168, 192: 128}[t.block_m]
     # the figures in the .cu header
-    assert [A.smem_bytes(D, A.TILES[(D, c)]) for D in (64, 128) for c in (False, True)] == [156672, 156672, 214016,
-                                                                                              164864]
+    assert [A.smem_bytes(D, A.TILES[(D, c)]) for D in (64, 128, 256) for c in (False, True)] == [156672, 156672, 214016,
+                                                                                                   164864, 197632, 197632]
     assert set(A.KERNEL_NAMES.values()) == set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*'
                                                           r'(\w+)\(', source))
     for D in A.HEAD_DIMS:  # the .cu defaults are the launcher's non-causal tilings
@@ -152,7 +152,7 @@ def test_constants_agree_with_the_kernel():
             assert re.search(rf"#define {name} {value}\b", source), f"{name}: the .cu default differs from the launcher"
     for name in ("OVERLAP", "PINGPONG", "LAZY_RESCALE"):
         assert re.search(rf"#define {name} 1\b", source), f"{name}: the .cu default differs from the launcher"
-    assert A.DEFINES == A.tiles_defines(64, A.TILES[(64, False)]) + A.tiles_defines(128, A.TILES[(128, False)])
+    assert A.DEFINES == sum((A.tiles_defines(d, A.TILES[(d, False)]) for d in (64, 128, 256)), ())
 
 
 def test_registry_entry():
@@ -160,9 +160,9 @@ def test_registry_entry():
 
     assert "hopper_fa3" not in kernels.STAGING  # in notebook 07's benchmark, skipped with a reason below 9.0
     v = kernels.REGISTRY["hopper_fa3"]
-    assert v.dtypes == ("float16", "bfloat16") and v.has_lse and v.min_cc == (9, 0) and v.max_d == 128
+    assert v.dtypes == ("float16", "bfloat16") and v.has_lse and v.min_cc == (9, 0) and v.max_d == 256
     assert v.notebook == "13_hopper_wgmma_tma"
-    assert [d for d in (16, 32, 64, 96, 128) if v.accepts_d(d)] == [64, 128]
+    assert [d for d in (16, 32, 64, 96, 128, 160, 192, 256) if v.accepts_d(d)] == [64, 128, 256]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")

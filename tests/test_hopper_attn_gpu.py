@@ -37,12 +37,15 @@ CASES = [
     (1, 2, 1500, 1500, 64, True, "float16", None),    # causal with 192-row tiles (Tq > SHORT_CAUSAL_TQ)
     (2, 40, 1000, 1000, 64, False, "bfloat16", None),  # 480 work tiles: a persistent CTA walks three or four
     (2, 24, 700, 900, 128, False, "float16", None),    # 288 work tiles at d = 128
+    (1, 2, 700, 900, 256, False, "bfloat16", None),   # d = 256: fifteen 64-key tiles, O += P V in two halves
+    (1, 2, 300, 500, 256, True, "float16", -0.1),     # d = 256, causal, a negative scale
 ]
 
 
 # Tilings the launcher does not use by default, per head dimension (each also a build of its own)
 OTHER_TILES = {64: [A.Tiles(128, 128, 4), A.Tiles(192, 128, 2), A.Tiles(128, 176, 4)],
-               128: [A.Tiles(128, 176, 2), A.Tiles(128, 128, 3), A.Tiles(128, 192, 2)]}
+               128: [A.Tiles(128, 176, 2), A.Tiles(128, 128, 3), A.Tiles(128, 192, 2)],
+               256: []}  # at d = 256 only the default tiling fits 227 KB
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +94,7 @@ def _build(case):
 # rows and a CTA that see no key; d = 64's short causal tiles, bf16, the rings wrapping). --full-grid: every case on
 # every schedule.
 SCHEDULE_DEFAULT_BUILDS = {
-    (False, False): {(64, A.TILES[(64, False)]), (128, A.TILES[(128, False)])},
+    (False, False): {(64, A.TILES[(64, False)]), (128, A.TILES[(128, False)]), (256, A.TILES[(256, False)])},
     (False, True): {(64, A.TILES[(64, False)]), (128, A.TILES[(128, True)])},
     (True, False): {(64, A.TILES[(64, False)]), (64, A.SHORT_CAUSAL_TILES)},
 }

@@ -16,6 +16,7 @@ import pytest
 import kernels
 from reference.variants import attention_variant
 from test_flash2_variants_gpu import CASES as FLASH2_CASES
+from test_flash2_variants_gpu import D256_CASES
 from test_flash2_variants_gpu import _inputs, _options, assert_bad_variant_arrays_raise
 
 DTYPES = ["float16", "bfloat16"]
@@ -35,7 +36,7 @@ HOPPER_CASES = [
 def _cases():
     for case in FLASH2_CASES:
         for dtype in DTYPES:
-            for d in HEAD_DIMS:
+            for d in HEAD_DIMS + ([256] if case[0] in D256_CASES else []):  # flash2_mma's d = 256 cases too
                 yield pytest.param(dtype, d, *case[1:], id=f"{case[0]}-{dtype}-d{d}")
     for case in HOPPER_CASES:
         for dtype, d in (("float16", 64), ("bfloat16", 128)):

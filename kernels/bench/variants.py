@@ -31,7 +31,7 @@ gradients (the worst of dq, dk, dv against torch.autograd on torch_attention in 
 Before anything is timed, each of our implementations is checked against a float32 torch computation of the same
 variant (`torch_attention`: the scores, score_mod, mask_mod and softmax written out) at one small shape (CHECK: B=2,
 H=8, T=1500, the case's d and group size); a row that fails is recorded with the check and not timed, and a launcher
-that refuses a case (hopper_attn at d=256: its builds stop at 128) is recorded as "not supported: <its ValueError>".
+that refuses a case is recorded as "not supported: <its ValueError>".
 
 Columns:
     ms              kernel time (kernels.benchmark), the median round of the T's compare()

@@ -3,7 +3,7 @@
 //
 // What it computes
 //   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)
-//   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64 or 128, float16 or bfloat16.
+//   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64, 128 or 256, float16 or bfloat16.
 //   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
 //   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu; the engines of hopper_gemm.cu (TMA rings, a producer
 //   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own. Variant builds (-D
@@ -23,7 +23,8 @@
 //         expect k_full[s] / v_full[s] += tile bytes    2. scale, mask, online softmax on S (exp2), O *= alpha,
 //         TMA  K_j -> sK[s] / V_j -> sV[s]                 P = 16-bit(S) in registers
 //                                                       3. wait v_full[s]; O += P V_j (BLOCK_N/16 wgmma m64nDk16,
-//                                                          RS form: P from registers); arrive v_empty[s]
+//                                                          RS form: P from registers; at D = 256 two m64n128k16
+//                                                          per k-step, one per 128 columns); arrive v_empty[s]
 //                                                     arrive q_empty (after the tile's last S)
 //                                                     4. o = O / l, lse = (m + log2 l) ln 2 -> global (rows < Tq)
 //
@@ -50,25 +51,27 @@
 //
 //       sK (D = 128, BLOCK_N = 176):   [ keys 0..175, d 0..63   : 22 KB ][ keys 0..175, d 64..127 : 22 KB ]
 //
-//   Tiles (Shape<D>, -D BLOCK_M_D64 ... STAGES_D128, chosen by the launcher per D and mask): D = 64: 192 x 128, 4 slots
-//   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask.
+//   Tiles (Shape<D>, -D BLOCK_M_D64 ... STAGES_D256, chosen by the launcher per D and mask): D = 64: 192 x 128, 4 slots
+//   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask; D = 256: 128 x 64, 2
+//   slots (a 64-key tile of K and of V is 32 KB each; O takes 128 float registers per consumer thread).
 //
 // Launch configuration
 //   grid  = m_count * heads (m_count = ceil(Tq / BLOCK_M), heads = B H), or the number of SMs (persistent: the
 //           launcher's choice without the causal mask, where all work tiles cost the same)
 //   block = 128 (1 + C) threads, C = BLOCK_M / 64 = 2 or 3 consumer warpgroups after the producer warpgroup
 //   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64,
-//           214016 at D = 128, 164864 under the causal mask (SMEM_BYTES; the launcher mirrors it); barriers static
+//           214016 at D = 128, 164864 under the causal mask, 197632 at D = 256 (SMEM_BYTES; the launcher mirrors
+//           it); barriers static
 //   registers: __launch_bounds__(THREADS, 1) gives 168 a thread for 384 threads, 128 for 512; setmaxnreg moves them
 //           from the producer (to 24 or 32) to the consumers (240 or 160): S, O and P live in registers.
 //
-// Kernels (extern "C"): hopper_attn_f16_d64, hopper_attn_f16_d128, hopper_attn_bf16_d64, hopper_attn_bf16_d128
+// Kernels (extern "C"): hopper_attn_{f16,bf16}_d{64,128,256}
 //   (const __grid_constant__ TensorMap map_q, map_k, map_v, u16* o, float* lse, int Tq, int Tk, int heads,
 //    float scale_log2, int causal)
 //   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) 16-bit tensors (innermost first), boxes of 64 columns
 //   x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D), the inputs' type. lse: (B, H,
 //   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1.
-// Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
+// Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
 //   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
 //   left, int right, int prefix, float cap_in, float cap_out): map_k, map_v over B * Hkv; nullptr for arrays a build
 //   does not read; classes from flash2_mma.cu's flash2_mma_doc_classes with br = BLOCK_M, bc = BLOCK_N (VariantArgs).
@@ -79,7 +82,7 @@
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/hopper/hopper_attn.cu -o hopper_attn.o
 //   NVRTC: --std=c++17 -I kernels --gpu-architecture=sm_90a (extern "C" kernels: no name expressions)
 //
-// Limits (checked by kernels/hopper/hopper_attn.py): D in {64, 128}; q, k, v C-contiguous and 16-byte aligned; any
+// Limits (checked by kernels/hopper/hopper_attn.py): D in {64, 128, 256}; q, k, v C-contiguous and 16-byte aligned; any
 // Tq, Tk >= 1 (TMA zero-fills rows past the end, stores are guarded); m_count * heads < 2^30 work tiles.
 // Numerics: 16-bit products, float32 sums; softmax in float32 with ex2.approx.ftz; P (at most 2^8 with lazy
 // rescaling) rounded to the inputs' type before P V, l summed from the unrounded p, o rounded once at the end.
@@ -109,6 +112,15 @@
 #ifndef STAGES_D128
 #define STAGES_D128 2
 #endif
+#ifndef BLOCK_M_D256
+#define BLOCK_M_D256 128   // two consumer warpgroups, each with 64 rows of O: 128 float registers a thread
+#endif
+#ifndef BLOCK_N_D256
+#define BLOCK_N_D256 64    // Q (64 KB) and two slots of 64-key K and V tiles (32 KB each) fill 193 KB
+#endif
+#ifndef STAGES_D256
+#define STAGES_D256 2
+#endif
 #ifndef OVERLAP
 #define OVERLAP 1      // 1: the softmax of tile j runs while O += P V of tile j - 1 is on the tensor cores
 #endif
@@ -132,11 +144,11 @@ constexpr int REGISTER_FILE = 65536;                        // 32-bit registers 
 // Everything that follows from the head dimension D: the tile (BLOCK_M query rows x BLOCK_N keys), the ring, the
 // warpgroups and how setmaxnreg shares the register file among them.
 template <int D> struct Shape {
-    static_assert(D == 64 || D == 128, "head dimension 64 or 128");
+    static_assert(D == 64 || D == 128 || D == 256, "head dimension 64, 128 or 256");
     static constexpr int HEAD_DIM = D;
-    static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : BLOCK_M_D128;
-    static constexpr int BLOCK_N = D == 64 ? BLOCK_N_D64 : BLOCK_N_D128;
-    static constexpr int STAGES = D == 64 ? STAGES_D64 : STAGES_D128;
+    static constexpr int BLOCK_M = D == 64 ? BLOCK_M_D64 : D == 128 ? BLOCK_M_D128 : BLOCK_M_D256;
+    static constexpr int BLOCK_N = D == 64 ? BLOCK_N_D64 : D == 128 ? BLOCK_N_D128 : BLOCK_N_D256;
+    static constexpr int STAGES = D == 64 ? STAGES_D64 : D == 128 ? STAGES_D128 : STAGES_D256;
     static constexpr int CONSUMERS = BLOCK_M / WGMMA_M;              // consumer warpgroups, 64 query rows each
     static constexpr int THREADS = WARPGROUP * (1 + CONSUMERS);      // + 1 producer warpgroup
     static constexpr int CONSUMER_WARPS = CONSUMERS * WARPGROUP / 32;  // arrivals that release a ring slot
@@ -149,14 +161,17 @@ template <int D> struct Shape {
     static constexpr int S_ACC = WGMMA_M * BLOCK_N / WARPGROUP;      // float32 S accumulators per thread (BLOCK_N / 2)
     static constexpr int P_REGS = S_ACC / 2;                         // P as 16-bit pairs
     static constexpr int PV_STEPS = BLOCK_N / WGMMA_K;               // k-steps of O += P V
-    static constexpr int O_ACC = WGMMA_M * D / WARPGROUP;            // float32 O accumulators per thread (32 or 64)
+    static constexpr int O_ACC = WGMMA_M * D / WARPGROUP;            // float32 O accumulators per thread (32..128)
+    static constexpr int PV_N = D < 128 ? D : 128;                   // columns of O per wgmma of O += P V (m64nNk16)
+    static constexpr int PV_BLOCKS = D / PV_N;                       // wgmmas per k-step of O += P V (1 or 2)
     static constexpr int QK_STEPS = D / WGMMA_K;                     // k-steps of S = Q K^T (4 or 8)
     static constexpr int Q_BYTES = BLOCK_M * D * ELEM_BYTES;         // what TMA delivers to q_full
     static constexpr int KV_TILE_BYTES = BLOCK_N * D * ELEM_BYTES;   // one K or one V tile: what k_full / v_full get
     static constexpr int STAGE_BYTES = 2 * KV_TILE_BYTES;            // slot s: K then V
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + SMEM_ALIGN;  // the launcher's request
     static_assert(CONSUMERS == 2 || CONSUMERS == 3, "BLOCK_M = 128 or 192: two or three consumer warpgroups");
-    static_assert(BLOCK_N == 128 || BLOCK_N == 176 || BLOCK_N == 192, "S = Q K^T is one m64nNk16 chain, N = BLOCK_N");
+    static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 176 || BLOCK_N == 192,
+                  "S = Q K^T is one m64nNk16 chain, N = BLOCK_N");
     static_assert(BLOCK_M <= 256 && BLOCK_N <= 256, "a TMA box is at most 256 rows");
     static_assert(PV_STEPS * 4 == P_REGS, "each P V k-step takes four 32-bit A registers");
     static_assert(PRODUCER_REGS >= 24 && CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256,
@@ -317,13 +332,21 @@ template <class T, bool BF16> DEVICE void issue_qk(float (&acc_s)[T::S_ACC], u32
     wgmma_commit();
 }
 
-// Issue O += P V (BLOCK_N / 16 wgmmas, P from registers, V N-major in shared memory) as one commit group.
+// Issue O += P V (BLOCK_N / 16 k-steps, P from registers, V N-major in shared memory) as one commit group. A k-step is
+// one wgmma m64nDk16, or at D = 256 two m64n128k16: columns 128 c .. 128 c + 127 of O are the accumulators
+// 64 c .. 64 c + 63 (the accumulator layout of m64n256k16 cut in two), and of sV the halves 2 c and 2 c + 1.
 template <class T, bool BF16> DEVICE void issue_pv(float (&acc_o)[T::O_ACC], const u32 (&p)[T::P_REGS], u32 sV) {
+    constexpr int ACC = T::O_ACC / T::PV_BLOCKS;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < T::PV_STEPS; ++kk) {       // keys 16 kk .. 16 kk + 15: rows 16 kk of each half
         const u32 a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        wgmma_rs<BF16>(acc_o, a, mnmajor_descriptor<T::BLOCK_N>(sV + kk * WGMMA_K * SWIZZLE_BYTES));
+#pragma unroll
+        for (int c = 0; c < T::PV_BLOCKS; ++c) {
+            float (&acc)[ACC] = *reinterpret_cast<float (*)[ACC]>(&acc_o[c * ACC]);
+            const u32 half_pair = c * 2 * T::BLOCK_N * SWIZZLE_BYTES;
+            wgmma_rs<BF16>(acc, a, mnmajor_descriptor<T::BLOCK_N>(sV + half_pair + kk * WGMMA_K * SWIZZLE_BYTES));
+        }
     }
     wgmma_commit();
 }
@@ -959,6 +982,12 @@ extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_
 extern "C" __global__ void __launch_bounds__(Shape<128>::THREADS, 1) hopper_attn_bf16_d128(HOPPER_ATTN_PARAMS) {
     attention_forward<128, true, 0>(HOPPER_ATTN_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(Shape<256>::THREADS, 1) hopper_attn_f16_d256(HOPPER_ATTN_PARAMS) {
+    attention_forward<256, false, 0>(HOPPER_ATTN_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(Shape<256>::THREADS, 1) hopper_attn_bf16_d256(HOPPER_ATTN_PARAMS) {
+    attention_forward<256, true, 0>(HOPPER_ATTN_ARGS);
+}
 #else
 // The variant entry points, built instead of the four above with -D VARIANT_MODS = a sum of MOD_DOCS, MOD_SOFTCAP and
 // MOD_ALIBI (the switches of the build): hopper_attn_variants_{f16,bf16}_d{64,128}, the header's "Variant kernels".
@@ -979,5 +1008,7 @@ HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d64, 64, false)
 HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d128, 128, false)
 HOPPER_ATTN_VARIANTS(hopper_attn_variants_bf16_d64, 64, true)
 HOPPER_ATTN_VARIANTS(hopper_attn_variants_bf16_d128, 128, true)
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d256, 256, false)
+HOPPER_ATTN_VARIANTS(hopper_attn_variants_bf16_d256, 256, true)
 }
 #endif

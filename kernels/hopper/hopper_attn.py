@@ -4,8 +4,9 @@
     o, lse = forward(q, k, v, causal=True, return_lse=True)    # lse: (B, H, Tq) float32, natural log
 
 The same contract as flash2_mma.forward: bottom-right causal mask (query i sees key j when j <= i + Tk - Tq), a
-row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension d = 64 or 128 only (the kernel's
-tiles are built around 64-column swizzle rows; kernels.REGISTRY["hopper_fa3"].head_dims says so to the tests).
+row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension d = 64, 128 or 256 only (the
+kernel's tiles are built around 64-column swizzle rows; kernels.REGISTRY["hopper_fa3"].head_dims says so to the
+tests).
 
 Checked on an H100 by the attention tests (tests/test_attention_gpu.py runs its grid over every registered variant:
 see the end of this file; tests/test_hopper_attn_gpu.py runs every schedule); its SASS is checked on
@@ -44,7 +45,7 @@ KERNEL_FILE = "hopper_attn.cu"
 WHAT = "hopper_fa3 attention (wgmma + TMA)"
 ARCH = hopper_gemm.ARCH  # sm_90a
 MIN_CC = hopper_gemm.MIN_CC  # (9, 0)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 MAX_D = max(HEAD_DIMS)
 
 
@@ -73,10 +74,13 @@ class Tiles(NamedTuple):
 # 32 O registers per thread a warpgroup has room, and the K/V traffic per query row drops by a third). d = 128: tiles
 # of 176 keys (fewer and longer tiles for the same work), 128 under the causal mask (fewer keys past the diagonal);
 # two K/V slots suffice, as a slot is freed as soon as its tile's product is done. The measurements behind these
-# choices: kernels/hopper/README.md. tests/test_hopper_attn_gpu.py checks the other tilings too.
+# choices: kernels/hopper/README.md. tests/test_hopper_attn_gpu.py checks the other tilings too. d = 256 (Gemma): 64-key
+# tiles, as a 64-key K or V tile already takes 32 KB, and 128 query rows, as O alone takes 128 float registers per
+# consumer thread.
 TILES = {
     (64, False): Tiles(192, 128, 4), (64, True): Tiles(192, 128, 4),
     (128, False): Tiles(128, 176, 2), (128, True): Tiles(128, 128, 2),
+    (256, False): Tiles(128, 64, 2), (256, True): Tiles(128, 64, 2),
 }
 # Short causal sequences at d = 64 keep 128-row tiles: with 192 rows the wasted area along the diagonal (rows of a
 # tile that see fewer keys than its last row) is a larger share of the little work there is.
@@ -91,7 +95,7 @@ def default_tiles(d: int, causal: bool, Tq: int) -> Tiles:
     return TILES[(d, bool(causal))]
 
 
-BLOCK_NS = (128, 176, 192)  # the key-tile widths the kernel has a wgmma for (m64nNk16)
+BLOCK_NS = (64, 128, 176, 192)  # the key-tile widths the kernel has a wgmma for (m64nNk16)
 
 
 def tiles_defines(d: int, tiles: Tiles) -> tuple[str, ...]:
@@ -141,20 +145,20 @@ KERNEL_NAMES = {(dt, d): f"hopper_attn_{'bf16' if dt == 'bfloat16' else 'f16'}_d
 
 # What tests/test_compile.py compiles with NVRTC for sm_80..sm_90 (stubs there) and tests/test_hopper_attn_compile.py
 # for sm_90a: the .cu defaults (the non-causal tilings) with both schedules on.
-DEFINES = tiles_defines(64, TILES[(64, False)]) + tiles_defines(128, TILES[(128, False)])
+DEFINES = sum((tiles_defines(d, TILES[(d, False)]) for d in HEAD_DIMS), ())
 NVRTC_BUILDS = [((), DEFINES + SCHEDULES[(True, True)])]
 
 # The variant entry points (-D VARIANT_MODS=mods, mods a sum of the MOD_ flags: flash2_mma's values, which the .cu's
-# enum repeats) and their tilings: two consumer warpgroups and 128-key tiles at both head dimensions, as the mask,
-# the modifiers and the row data need registers the 192-row (d = 64: 160 per consumer thread) and 176-key (d = 128)
-# tilings do not have: those spill (kernels/hopper/README.md).
+# enum repeats) and their tilings: two consumer warpgroups and 128-key tiles at d = 64 and 128, as the mask, the
+# modifiers and the row data need registers the 192-row (d = 64: 160 per consumer thread) and 176-key (d = 128)
+# tilings do not have: those spill (kernels/hopper/README.md); at d = 256 the dense tiling.
 VARIANT_KERNEL_NAMES = {(dt, d): f"hopper_attn_variants_{'bf16' if dt == 'bfloat16' else 'f16'}_d{d}" for dt in DTYPES
                         for d in HEAD_DIMS}
 MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI = F.MOD_DOCS, F.MOD_SOFTCAP, F.MOD_ALIBI
-VARIANT_TILES = {64: Tiles(128, 128, 4), 128: Tiles(128, 128, 2)}
+VARIANT_TILES = {64: Tiles(128, 128, 4), 128: Tiles(128, 128, 2), 256: Tiles(128, 64, 2)}
 # The variant builds of the default schedule, one per MODS, which tests/test_hopper_variants_compile.py compiles for
 # sm_90a (not in NVRTC_BUILDS: their tile defines are not the .cu's defaults, which tests/test_compile.py requires).
-VARIANT_BUILDS = [(mods, tiles_defines(64, VARIANT_TILES[64]) + tiles_defines(128, VARIANT_TILES[128])
+VARIANT_BUILDS = [(mods, sum((tiles_defines(d, VARIANT_TILES[d]) for d in HEAD_DIMS), ())
                    + SCHEDULES[(True, True)] + defines_from(VARIANT_MODS=mods)) for mods in range(8)]
 
 _CHECKED: set = set()
@@ -208,7 +212,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
-    dtype, 16-byte aligned, d = 64 or 128. scale defaults to 1/sqrt(d) (any finite value). Returns o (B, H, Tq, d) of
+    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o (B, H, Tq, d) of
     the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row that sees no key).
     Raises TypeError / ValueError naming the argument and the limit for anything else, UnsupportedDeviceError on a
     GPU that is not a Hopper.
@@ -293,7 +297,7 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
                      lazy_rescale=True, tiles=None, persistent=None, window=None, prefix=None, doc_ids_q=None,
                      doc_ids_k=None, alibi_slopes=None, softcap=None):
     """reference.variants.attention_variant on the Hopper kernel: q (B, Hq, Tq, d), k and v (B, Hkv, Tk, d) with
-    Hq % Hkv == 0, float16 or bfloat16, d = 64 or 128; causal, window=(left, right), prefix, doc_ids_q (B, Tq) and
+    Hq % Hkv == 0, float16 or bfloat16, d = 64, 128 or 256; causal, window=(left, right), prefix, doc_ids_q (B, Tq) and
     doc_ids_k (B, Tk) int32 (doc_ids_k defaults to doc_ids_q when Tq == Tk), alibi_slopes (Hq,) float32 and softcap as
     flash2_mma.forward takes them (its variant_spec and check_variant_arrays check them, with the same messages).
     Returns o (B, Hq, Tq, d) and with return_lse lse (B, Hq, Tq) float32 (-inf for a row that sees no key, whose o
@@ -343,8 +347,8 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
 assert hopper_gemm.BLOCK_K == TMA_BOX_COLS  # tensor_map's box is 64 columns wide: one 128-byte swizzle row
 
 # In REGISTRY, so in notebook 07's benchmark: on a GPU below compute capability 9.0 its rows say "not run" with the
-# reason (Variant.unsupported_reason), as the bfloat16 rows of the older kernels do on a T4; d other than 64 and 128
-# is left out by head_dims.
+# reason (Variant.unsupported_reason), as the bfloat16 rows of the older kernels do on a T4; d other than 64, 128 and
+# 256 is left out by head_dims.
 register(Variant("hopper_fa3", forward, DTYPES, "13_hopper_wgmma_tma", MAX_D, head_dims=HEAD_DIMS, has_lse=True,
                  min_cc=MIN_CC, description="FlashAttention-3-style forward: TMA K/V rings, producer warp, two or three "
                  "consumer warpgroups, wgmma S = Q K^T from shared memory and O += P V with P in registers"))

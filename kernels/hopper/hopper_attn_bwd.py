@@ -21,11 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import hopper_gemm
-from .hopper_attn import ARCH, HEAD_DIMS, LOG2E, MAX_D, MIN_CC  # sm_90a, (9, 0), (64, 128): the forward's
+from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
+HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
+MAX_D = max(HEAD_DIMS)
 WHAT = "hopper_fa3 attention backward (wgmma + TMA)"
 BLOCK_M = {64: 128, 128: 64}  # query rows per tile (-D BLOCK_M_D64, BLOCK_M_D128): 128 + d <= 192 registers
 BLOCK_N = 128  # keys per CTA: two consumer warpgroups of 64 (fixed in the .cu)

@@ -234,7 +234,7 @@ def forward_kernel(q, Tk: int, causal: bool) -> str:
     HOPPER_FWD_MIN_T[(d, causal)], where it measured faster; "flash2_mma" elsewhere. Both
     give o in q's dtype and lse float32, natural log, (B, H, Tq); a row that sees no key o = 0 and lse = -inf."""
     d, Tq = q.shape[-1], q.shape[-2]
-    if d not in hopper_attn.HEAD_DIMS or device_info(q.device.index).cc[0] != 9:
+    if (d, bool(causal)) not in HOPPER_FWD_MIN_T or device_info(q.device.index).cc[0] != 9:
         return "flash2_mma"
     return "hopper_attn" if min(Tq, Tk) >= HOPPER_FWD_MIN_T[(d, bool(causal))] else "flash2_mma"
 
