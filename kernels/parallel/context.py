@@ -289,12 +289,26 @@ def _zero_padding_(x, P: Problem) -> None:
         x[:, :, a:b] = 0
 
 
+def _accumulate(o_acc, lse_acc, o, lse, c: S.Call, P: Problem, unwritten: set) -> None:
+    """The partial (o, lse) of call c into the running output: copied where it is the first for its query chunks (a
+    merge into (0, -inf) gives the same values in three more passes over o), merged by LSE where it is not."""
+    r0, r1 = c.q0 * P.C, c.q1 * P.C
+    chunks = set(range(c.q0, c.q1))
+    if chunks <= unwritten:
+        o_acc[:, :, r0:r1].copy_(o)
+        lse_acc[:, :, r0:r1].copy_(lse)
+    else:
+        merge_(o_acc[:, :, r0:r1], lse_acc[:, :, r0:r1], o, lse)
+    unwritten -= chunks
+
+
 def _ring_forward(q, k, v, P: Problem):
     be = P.backend
     o_acc = torch.zeros(q.shape, dtype=be.acc_dtype, device=q.device)
     lse_acc = torch.full(q.shape[:3], -math.inf, dtype=be.acc_dtype, device=q.device)
     kv, spare = torch.stack([k, v]), None
     rows = _Rows(q, P.C)
+    unwritten = set(range(P.Tl // P.C))  # local query chunks no partial has reached yet
     for step in range(P.world):
         src = S.source(P.rank, step, P.world)
         works = []
@@ -307,8 +321,7 @@ def _ring_forward(q, k, v, P: Problem):
                 continue
             ks, vs = _kv_rows(kv, start, n, P.Tl)
             o, lse = be.forward(rows(c.q0, c.q1), ks, vs, c.causal, P.scale)
-            r0, r1 = c.q0 * P.C, c.q1 * P.C
-            merge_(o_acc[:, :, r0:r1], lse_acc[:, :, r0:r1], o, lse)
+            _accumulate(o_acc, lse_acc, o, lse, c, P, unwritten)
         for w in works:  # on GPU: torch's stream waits for NCCL's event; the host does not block
             w.wait()
         if works:
