@@ -12,7 +12,8 @@ For each T (default 16384 and 65536), B=1 H=32 d=128 bfloat16, causal and not, f
                  balancing); where it refuses a shape, the reason is recorded
 
 All methods of one shape are timed side by side in ROUNDS rounds, the order turned each round; a round times CALLS
-calls between CUDA events after a barrier, and the time of a round is the slowest rank's. Reported: the median round.
+calls between CUDA events after a barrier (after one untimed call in a method's first round), and the time of a round
+is the slowest rank's. Reported: the median round.
 
     ms           time per call (forward, or forward + backward), the slowest rank
     efficiency   one GPU's ms / (N x this ms): 1.0 is perfect scaling; for one GPU the row is the baseline
@@ -114,10 +115,11 @@ def _torch_cp(full, causal, backward, mesh):
     return run, ctx
 
 
-def _time_round(fn, calls, dist):
+def _time_round(fn, calls, dist, warm: bool = True):
     import torch
 
-    fn()  # the first call of a round: warm, and its transfers' buffers allocated
+    if warm:  # a method's first round: its first call warms up and allocates its transfers' buffers, untimed
+        fn()
     torch.cuda.synchronize()
     dist.barrier()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -152,7 +154,7 @@ def bench_shape(T, causal, backward, world, rank, mesh, rounds, calls, dist, met
     names = list(fns)
     for r in range(rounds):
         for m in names[r % len(names):] + names[:r % len(names)]:
-            times[m].append(_time_round(fns[m], calls, dist))
+            times[m].append(_time_round(fns[m], calls, dist, warm=r == 0))
     for ctx in ctxs:
         ctx.__exit__(None, None, None)
     rows = []

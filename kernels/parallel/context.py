@@ -289,12 +289,26 @@ def _zero_padding_(x, P: Problem) -> None:
         x[:, :, a:b] = 0
 
 
+def _accumulate(o_acc, lse_acc, o, lse, c: S.Call, P: Problem, unwritten: set) -> None:
+    """The partial (o, lse) of call c into the running output: copied where it is the first for its query chunks (a
+    merge into (0, -inf) gives the same values in three more passes over o), merged by LSE where it is not."""
+    r0, r1 = c.q0 * P.C, c.q1 * P.C
+    chunks = set(range(c.q0, c.q1))
+    if chunks <= unwritten:
+        o_acc[:, :, r0:r1].copy_(o)
+        lse_acc[:, :, r0:r1].copy_(lse)
+    else:
+        merge_(o_acc[:, :, r0:r1], lse_acc[:, :, r0:r1], o, lse)
+    unwritten -= chunks
+
+
 def _ring_forward(q, k, v, P: Problem):
     be = P.backend
     o_acc = torch.zeros(q.shape, dtype=be.acc_dtype, device=q.device)
     lse_acc = torch.full(q.shape[:3], -math.inf, dtype=be.acc_dtype, device=q.device)
     kv, spare = torch.stack([k, v]), None
     rows = _Rows(q, P.C)
+    unwritten = set(range(P.Tl // P.C))  # local query chunks no partial has reached yet
     for step in range(P.world):
         src = S.source(P.rank, step, P.world)
         works = []
@@ -307,8 +321,7 @@ def _ring_forward(q, k, v, P: Problem):
                 continue
             ks, vs = _kv_rows(kv, start, n, P.Tl)
             o, lse = be.forward(rows(c.q0, c.q1), ks, vs, c.causal, P.scale)
-            r0, r1 = c.q0 * P.C, c.q1 * P.C
-            merge_(o_acc[:, :, r0:r1], lse_acc[:, :, r0:r1], o, lse)
+            _accumulate(o_acc, lse_acc, o, lse, c, P, unwritten)
         for w in works:  # on GPU: torch's stream waits for NCCL's event; the host does not block
             w.wait()
         if works:
@@ -366,25 +379,30 @@ def _ring_backward(do, q, k, v, o, lse, P: Problem):
 # All-to-all (Ulysses)
 # ---------------------------------------------------------------------------------------------------------
 
-def _to_heads(x, P: Problem):
-    """(n, B, H, Tl, d) parts of the sequence -> (n, B, H/N, N Tl, d): all heads' pieces of my head group, whole
-    sequence (one all_to_all_single; n tensors travel together)."""
-    n, B, H, Tl, d = x.shape
+def _to_heads(xs, P: Problem):
+    """n parts of the sequence, each (B, H, Tl, d) -> (n, B, H/N, N Tl, d): all heads' pieces of my head group, whole
+    sequence (one all_to_all_single; the n tensors travel together, copied straight into the send buffer)."""
+    B, H, Tl, d = xs[0].shape
     N = P.world
-    send = x.reshape(n, B, N, H // N, Tl, d).permute(2, 0, 1, 3, 4, 5).contiguous()  # (dest, n, B, H/N, Tl, d)
+    send = xs[0].new_empty(N, len(xs), B, H // N, Tl, d)  # (dest = head group, n, B, H/N, Tl, d)
+    for i, x in enumerate(xs):
+        send[:, i].copy_(x.reshape(B, N, H // N, Tl, d).transpose(0, 1))
     recv = torch.empty_like(send)  # (source = sequence chunk, n, B, H/N, Tl, d)
     dist.all_to_all_single(recv, send, group=P.group)
-    return recv.permute(1, 2, 3, 0, 4, 5).reshape(n, B, H // N, N * Tl, d)
+    return recv.permute(1, 2, 3, 0, 4, 5).reshape(len(xs), B, H // N, N * Tl, d)
 
 
-def _to_sequence(x, P: Problem):
-    """The inverse of _to_heads: (n, B, H/N, N Tl, d) -> (n, B, H, Tl, d)."""
-    n, B, h, T, d = x.shape
+def _to_sequence(xs, P: Problem):
+    """The inverse of _to_heads: n tensors (B, H/N, N Tl, d) -> (n, B, H, Tl, d), each tensor in the dtype of the
+    first."""
+    B, h, T, d = xs[0].shape
     N = P.world
-    send = x.reshape(n, B, h, N, T // N, d).permute(3, 0, 1, 2, 4, 5).contiguous()  # (dest = chunk, n, B, h, Tl, d)
+    send = xs[0].new_empty(N, len(xs), B, h, T // N, d)  # (dest = chunk, n, B, h, Tl, d)
+    for i, x in enumerate(xs):
+        send[:, i].copy_(x.reshape(B, h, N, T // N, d).permute(2, 0, 1, 3, 4))
     recv = torch.empty_like(send)  # (source = head group, n, B, h, Tl, d)
     dist.all_to_all_single(recv, send, group=P.group)
-    return recv.permute(1, 2, 0, 3, 4, 5).reshape(n, B, N * h, T // N, d)
+    return recv.permute(1, 2, 0, 3, 4, 5).reshape(len(xs), B, N * h, T // N, d)
 
 
 def _heads_keys(P: Problem) -> int:
@@ -392,25 +410,25 @@ def _heads_keys(P: Problem) -> int:
 
 
 def _alltoall_forward(q, k, v, P: Problem):
-    qh, kh, vh = _to_heads(torch.stack([q, k, v]), P)
+    qh, kh, vh = _to_heads([q, k, v], P)
     n = _heads_keys(P)
     ks, vs = (kh, vh) if n == kh.shape[2] else (kh[:, :, :n].contiguous(), vh[:, :, :n].contiguous())
     o, lse = P.backend.forward(qh.contiguous(), ks, vs, P.causal, P.scale)
-    o = _to_sequence(o.to(q.dtype)[None], P)[0].clone()
-    lse = _to_sequence(lse[None, ..., None], P)[0, ..., 0]
+    o = _to_sequence([o.to(q.dtype)], P)[0]  # a fresh tensor: _zero_padding_ may write it
+    lse = _to_sequence([lse[..., None]], P)[0, ..., 0]
     _zero_padding_(o, P)
     return o, lse.contiguous()
 
 
 def _alltoall_backward(do, q, k, v, o, lse, P: Problem):
-    qh, kh, vh, oh, doh = (t.contiguous() for t in _to_heads(torch.stack([q, k, v, o, do]), P))
-    lseh = _to_heads(lse[None, ..., None], P)[0, ..., 0].contiguous()
+    qh, kh, vh, oh, doh = _to_heads([q, k, v, o, do], P)
+    lseh = _to_heads([lse[..., None]], P)[0, ..., 0].contiguous()
     n = _heads_keys(P)
     ks, vs = (kh, vh) if n == kh.shape[2] else (kh[:, :, :n].contiguous(), vh[:, :, :n].contiguous())
     dq, dk, dv = P.backend.backward(doh, qh, ks, vs, oh, lseh, P.causal, P.scale)
     if n < kh.shape[2]:
         dk, dv = (torch.cat([g, g.new_zeros(g.shape[:2] + (kh.shape[2] - n, g.shape[3]))], 2) for g in (dk, dv))
-    dq, dk, dv = _to_sequence(torch.stack([dq, dk, dv]).to(q.dtype), P)
+    dq, dk, dv = _to_sequence([dq.to(q.dtype), dk, dv], P)
     return dq, dk, dv
 
 

@@ -33,10 +33,10 @@ def merge_(o_acc, lse_acc, o, lse) -> None:
     A row that has seen nothing yet has lse = -inf and o = 0; where both are -inf the row stays (0, -inf) instead of
     becoming NaN (exp(-inf - -inf))."""
     lse = lse.to(lse_acc.dtype)
-    new = torch.logaddexp(lse_acc, lse)
+    new = torch.logaddexp(lse_acc, lse)  # the row terms: (B, H, T), d times smaller than o
     safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
-    o_acc.mul_(torch.exp(lse_acc - safe).unsqueeze(-1))
-    o_acc.add_(o.to(o_acc.dtype) * torch.exp(lse - safe).unsqueeze(-1))
+    o_acc.mul_(torch.exp(lse_acc - safe).unsqueeze(-1))  # two passes over o_acc, o read once in its own dtype
+    o_acc.addcmul_(o, torch.exp(lse - safe).unsqueeze(-1))
     lse_acc.copy_(new)
 
 

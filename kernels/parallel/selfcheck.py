@@ -34,13 +34,14 @@ CPU_BOUND = 1e-12  # float64 throughout: max |out - ref| / max |ref|
 
 
 def cases(world: int, quick: bool = False) -> list[dict]:
-    """Every schedule x causal x a length that divides evenly and one that does not (padded), small shapes."""
+    """Every schedule x causal x a length that divides evenly (B = 1) and one that does not (padded; B = 2, so that
+    batch entries are kept apart too), small shapes."""
     out = []
     for schedule in C.SCHEDULES:
         H = 2 * world if schedule == "alltoall" else 2
         for causal in (False, True):
             for T in ((8 * world, 8 * world - 3) if not quick else (8 * world - 3,)):
-                out.append(dict(schedule=schedule, causal=causal, T=T, B=1, H=H, d=8))
+                out.append(dict(schedule=schedule, causal=causal, T=T, B=1 if T == 8 * world else 2, H=H, d=8))
     return out
 
 
