@@ -143,11 +143,13 @@ def test_climbing_row_maxima(hopper, poison, lazy, d, causal, climb):
 
 
 def _launch_cases():
-    """By default the launch each case does not get by default (persistent under the causal mask, a CTA per work tile
-    without it); the default launch is test_schedule_matches_reference's default schedule again (--full-grid)."""
-    for case, persistent in itertools.product(CASES, [False, True]):
-        default = persistent != (not case[5])
-        yield pytest.param(persistent, case, id=f"{_case_id(case)}-{'persistent' if persistent else 'grid'}",
+    """By default the launches each case does not get by default (persistent under the causal mask, a CTA per work
+    tile without it, and the dynamic schedule); the default launch is test_schedule_matches_reference's default
+    schedule again (--full-grid)."""
+    for case, persistent in itertools.product(CASES, [False, True, "dynamic"]):
+        default = persistent == "dynamic" or persistent != (not case[5])
+        launch = persistent if isinstance(persistent, str) else "persistent" if persistent else "grid"
+        yield pytest.param(persistent, case, id=f"{_case_id(case)}-{launch}",
                            marks=() if default else (pytest.mark.full_grid,))
 
 
@@ -174,6 +176,15 @@ def _tiling_cases():
 @pytest.mark.parametrize("case, tiles", list(_tiling_cases()))
 def test_other_tilings_match_reference(hopper, poison, case, tiles):
     _check(hopper, case, tiles=tiles)
+
+
+def test_bad_persistent_raises(hopper):
+    cp = hopper
+    x = cp.zeros((1, 1, 64, 128), cp.float16)
+    with pytest.raises(ValueError, match=r"persistent='always': must be one of None, False, True, 'dynamic'"):
+        A.forward(x, x, x, persistent="always")
+    with pytest.raises(ValueError, match=r"persistent='dynamic': must be one of None, False, True$"):
+        A.forward(x, x, x, softcap=10.0, persistent="dynamic")  # the variant kernels: the first three
 
 
 @pytest.mark.parametrize("tiles, words", [

@@ -12,7 +12,8 @@
 //   document ids, tanh soft-capping and ALiBi (the sum of MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI says which code is built).
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
-// c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent")
+// c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent"; or, given tile_counter, w =
+// c and then the next tile no CTA has claimed (atomicAdd), tiles numbered longest first: TileQueue)
 //
 //   producer (warpgroup 0, one thread)              consumer warpgroups 1 .. C (64 query rows each)
 //   for each work tile of this CTA:                 for each work tile of this CTA:
@@ -52,25 +53,24 @@
 //       sK (D = 128, BLOCK_N = 176):   [ keys 0..175, d 0..63   : 22 KB ][ keys 0..175, d 64..127 : 22 KB ]
 //
 //   Tiles (Shape<D>, -D BLOCK_M_D64 ... STAGES_D256, chosen by the launcher per D and mask): D = 64: 192 x 128, 4 slots
-//   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask; D = 256: 128 x 64, 2
-//   slots (a 64-key tile of K and of V is 32 KB each; O takes 128 float registers per consumer thread).
+//   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask; D = 256: 128 x 64, 2.
 //
 // Launch configuration
 //   grid  = m_count * heads (m_count = ceil(Tq / BLOCK_M), heads = B H), or the number of SMs (persistent: the
 //           launcher's choice without the causal mask, where all work tiles cost the same)
 //   block = 128 (1 + C) threads, C = BLOCK_M / 64 = 2 or 3 consumer warpgroups after the producer warpgroup
 //   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64,
-//           214016 at D = 128, 164864 under the causal mask, 197632 at D = 256 (SMEM_BYTES; the launcher mirrors
-//           it); barriers static
+//           214016 at D = 128, 164864 under the causal mask, 197632 at D = 256 (SMEM_BYTES); barriers static
 //   registers: __launch_bounds__(THREADS, 1) gives 168 a thread for 384 threads, 128 for 512; setmaxnreg moves them
 //           from the producer (to 24 or 32) to the consumers (240 or 160): S, O and P live in registers.
 //
 // Kernels (extern "C"): hopper_attn_{f16,bf16}_d{64,128,256}
 //   (const __grid_constant__ TensorMap map_q, map_k, map_v, u16* o, float* lse, int Tq, int Tk, int heads,
-//    float scale_log2, int causal)
+//    float scale_log2, int causal, int* tile_counter)
 //   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) 16-bit tensors (innermost first), boxes of 64 columns
 //   x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D), the inputs' type. lse: (B, H,
-//   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1.
+//   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1;
+//   tile_counter: nullptr (the fixed order), or one int, 0 at launch, that the dynamic schedule counts with.
 // Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
 //   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
 //   left, int right, int prefix, float cap_in, float cap_out): map_k, map_v over B * Hkv; nullptr for arrays a build
@@ -683,9 +683,58 @@ template <class T> struct Smem {
 // CTA per tile, several when the launcher makes it persistent (one CTA per SM).
 template <class T> struct Work {
     int m_count, count;
+    bool longest_first;  // the dynamic schedule's numbering (TileQueue): every head's last query tile first
     DEVICE void tile(int w, int& m0, int& bh) const {
-        bh = w / m_count;                              // (batch, head) = the tensor maps' third coordinate
-        m0 = (m_count - 1 - w % m_count) * T::BLOCK_M;
+        if (longest_first) {                           // under the causal mask, the later the tile the more keys
+            const int heads = count / m_count;
+            bh = w % heads;
+            m0 = (m_count - 1 - w / heads) * T::BLOCK_M;
+        } else {
+            bh = w / m_count;                          // (batch, head) = the tensor maps' third coordinate
+            m0 = (m_count - 1 - w % m_count) * T::BLOCK_M;
+        }
+    }
+};
+
+// Which work tile a CTA takes after w. Without a counter, w + gridDim.x: the fixed round robin. With one (the dynamic
+// schedule), the producer claims the next tile no CTA has taken (one atomicAdd on the counter, which starts at 0 at
+// launch: tiles gridDim.x, gridDim.x + 1, ... after each CTA's first, blockIdx.x) and hands it to the consumers
+// through a two-slot ring in shared memory (full: the producer's arrival; empty: one arrival per consumer warp). With
+// the tiles numbered longest first (Work), a CTA that finishes early takes the longest tile left: the greedy
+// longest-first schedule, which a fixed round robin misses when m_count and the number of SMs share factors.
+__shared__ alignas(8) u64 tile_full[2];   // the ring (file scope: fixed addresses, no registers to hold them)
+__shared__ alignas(8) u64 tile_empty[2];
+__shared__ int tile_slots[2];              // the next tile, as the producer hands it over
+
+struct TileQueue {
+    bool dynamic;                  // false: the round robin
+    int* counter;                  // global, the producer's only (the consumers' queue holds nullptr: no registers)
+    u32 taken = 0;                 // tiles this thread has taken from the ring: slot taken % 2, phase taken / 2 % 2
+    DEVICE static void init(int consumer_warps) {  // one thread, with the kernel's other barriers
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(smem_addr(&tile_full[s]), 1);
+            mbar_init(smem_addr(&tile_empty[s]), consumer_warps);
+        }
+    }
+    DEVICE int producer_next(int w) {
+        if (!dynamic) return w + gridDim.x;
+        const int next = gridDim.x + atomicAdd(counter, 1);
+        const u32 s = taken % 2, phase = taken / 2 % 2;
+        mbar_wait(smem_addr(&tile_empty[s]), phase ^ 1);
+        tile_slots[s] = next;
+        mbar_arrive(smem_addr(&tile_full[s]));       // release: the consumers read the slot after their wait
+        ++taken;
+        return next;
+    }
+    DEVICE int consumer_next(int w, int lane) {
+        if (!dynamic) return w + gridDim.x;
+        const u32 s = taken % 2, phase = taken / 2 % 2;
+        mbar_wait(smem_addr(&tile_full[s]), phase);
+        const int next = *reinterpret_cast<volatile int*>(&tile_slots[s]);
+        __syncwarp();                                  // every lane has read the slot before lane 0 frees it
+        if (lane == 0) mbar_arrive(smem_addr(&tile_empty[s]));
+        ++taken;
+        return next;
     }
 };
 
@@ -722,14 +771,15 @@ DEVICE void load_q(const Smem<T>& sm, const TensorMap& map_q, u32& q_phase, int 
 // last S), then the K/V tiles in the order the consumers need them: K_j before V_{j-1} (S_j = Q K_j^T is issued first
 // in iteration j of the pipelined loop): K_0, K_1, V_0, K_2, V_1, ..., V_{n-1}.
 template <class T, int MODS>
-DEVICE void produce(const Smem<T>& sm, const Work<T>& work, const TensorMap& map_q, const TensorMap& map_k,
-                    const TensorMap& map_v, int Tq, int Tk, int causal, const VariantArgs& va) {
+DEVICE void produce(const Smem<T>& sm, const Work<T>& work, TileQueue queue, const TensorMap& map_q,
+                    const TensorMap& map_k, const TensorMap& map_v, int Tq, int Tk, int causal, const VariantArgs& va) {
     prefetch_tensor_map(map_q);
     prefetch_tensor_map(map_k);
     prefetch_tensor_map(map_v);
     RingPos<T::STAGES> kpos, vpos;
     u32 q_phase = 0;
-    for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
+    // the next tile is claimed once the loads of this one are issued
+    for (int w = blockIdx.x; w < work.count; w = queue.producer_next(w)) {
         int m0, bh;
         work.tile(w, m0, bh);
         if constexpr ((MODS & MOD_VARIANT) == 0) {
@@ -864,13 +914,13 @@ DEVICE void store_o_lse(const float (&acc_o)[T::O_ACC], const float (&row_max)[2
 
 // A consumer warpgroup's loop over the CTA's work tiles: its 64 query rows of each, against all the tile's keys.
 template <class T, bool BF16, int MODS>
-DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, float* lse, int Tq, int Tk,
-                    float scale_log2, int causal, const VariantArgs& va) {
+DEVICE void consume(const Smem<T>& sm, const Work<T>& work, TileQueue queue, int cw, u16* o, float* lse, int Tq,
+                    int Tk, float scale_log2, int causal, const VariantArgs& va) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     Consumer<T, BF16> c{sm, sm.sQ + cw * WGMMA_M * SWIZZLE_BYTES, lane, {cw}};
     u32 q_phase = 0;
     c.turns.start();
-    for (int w = blockIdx.x; w < work.count; w += gridDim.x) {
+    for (int w = blockIdx.x; w < work.count; w = queue.consumer_next(w, lane)) {
         int m0, bh;
         work.tile(w, m0, bh);
         const auto kt = work_tiles<T, MODS>(m0, bh, Tq, Tk, causal, va);
@@ -913,7 +963,7 @@ DEVICE void consume(const Smem<T>& sm, const Work<T>& work, int cw, u16* o, floa
 template <int D, bool BF16, int MODS>
 DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v, u16* o,
                               float* lse, int Tq, int Tk, int heads, float scale_log2, int causal,
-                              const VariantArgs& va) {
+                              const VariantArgs& va, int* tile_counter) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -938,23 +988,26 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
             mbar_init(smem_addr(&k_empty[s]), T::CONSUMER_WARPS);
             mbar_init(smem_addr(&v_empty[s]), T::CONSUMER_WARPS);
         }
+        TileQueue::init(T::CONSUMER_WARPS);
         mbar_init_fence();  // the initialised barriers, visible to TMA (the async proxy) and to the other threads
     }
     __syncthreads();
 
     // ---- warp specialisation: warpgroup 0 loads, the others compute ---------------------------------------------
-    // (each side builds its own Smem and Work views: built once before the branch, they change the registers the
-    // compiler assigns, kernels/hopper/README.md)
+    // (each side builds its own Smem, Work and TileQueue views: built once before the branch, they change the
+    // registers the compiler assigns, kernels/hopper/README.md)
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
-        const Work<T> work{m_count, work_count};
-        if (threadIdx.x == 0) produce<T, MODS>(sm, work, map_q, map_k, map_v, Tq, Tk, causal, va);
+        const Work<T> work{m_count, work_count, tile_counter != nullptr};
+        const TileQueue queue{tile_counter != nullptr, tile_counter};
+        if (threadIdx.x == 0) produce<T, MODS>(sm, work, queue, map_q, map_k, map_v, Tq, Tk, causal, va);
     } else {
         regs_increase<T::CONSUMER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
-        const Work<T> work{m_count, work_count};
-        consume<T, BF16, MODS>(sm, work, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal, va);
+        const Work<T> work{m_count, work_count, tile_counter != nullptr};
+        const TileQueue queue{tile_counter != nullptr, nullptr};
+        consume<T, BF16, MODS>(sm, work, queue, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal, va);
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
@@ -967,8 +1020,9 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 #ifndef VARIANT_MODS
 #define HOPPER_ATTN_PARAMS                                                                                          \
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
-    const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2, int causal
-#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal, VariantArgs{}
+    const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2,         \
+    int causal, int* tile_counter
+#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal, VariantArgs{}, tile_counter
 
 extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_f16_d64(HOPPER_ATTN_PARAMS) {
     attention_forward<64, false, 0>(HOPPER_ATTN_ARGS);
@@ -1001,7 +1055,8 @@ static_assert(VARIANT_MODS >= 0 && VARIANT_MODS < MOD_VARIANT, "VARIANT_MODS: a 
          int group, int left, int right, int prefix, float cap_in, float cap_out) {                                 \
         attention_forward<D, BF16, VARIANT_MODS | MOD_VARIANT>(                                                     \
             map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, 0,                                              \
-            VariantArgs{doc_q, doc_k, classes, alibi_slopes, Hq, group, left, right, prefix, cap_in, cap_out});     \
+            VariantArgs{doc_q, doc_k, classes, alibi_slopes, Hq, group, left, right, prefix, cap_in, cap_out},      \
+            nullptr);  /* the round robin: the dynamic schedule's producer would spill beside key_tiles */          \
     }
 extern "C" {
 HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d64, 64, false)

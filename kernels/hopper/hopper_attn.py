@@ -206,14 +206,23 @@ def _check_problem(BH: int, H: int, Tq: int, Tk: int, d: int, tiles, default) ->
     return tiles, work
 
 
+PERSISTENT = (None, False, True, "dynamic")  # forward()'s launches; the variant kernels have the first three
+
+
+def _check_persistent(persistent, allowed) -> None:
+    if not any(persistent is a or (isinstance(a, str) and persistent == a) for a in allowed):
+        raise ValueError(f"persistent={persistent!r}: must be one of {', '.join(map(repr, allowed))}")
+
+
 def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True, pingpong=True, lazy_rescale=True,
             tiles=None, persistent=None, window=None, prefix=None, doc_ids_q=None, doc_ids_k=None, alibi_slopes=None,
             softcap=None):
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
-    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o (B, H, Tq, d) of
-    the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row that sees no key).
+    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o
+    (B, H, Tq, d) of the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row
+    that sees no key).
     Raises TypeError / ValueError naming the argument and the limit for anything else, UnsupportedDeviceError on a
     GPU that is not a Hopper.
 
@@ -227,7 +236,10 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
     False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
     the causal mask, where every work tile costs the same, and False with it, where the fixed round robin would give
-    some SMs only long tiles. Same build, same results.
+    some SMs only long tiles. "dynamic": one CTA per SM, each taking the next tile no CTA has taken from a counter in
+    global memory, the tiles numbered longest first (every head's last query tile first): a greedy schedule that
+    balances the causal mask's unequal tiles and, as any persistent launch, loads a CTA's next tile while it finishes
+    the one before (the kernel's TileQueue). Same build, same results.
 
     window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
     kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
@@ -240,6 +252,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
                                 alibi_slopes=alibi_slopes, softcap=softcap)
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
                                                 scale=scale, align=ALIGN)
+    _check_persistent(persistent, PERSISTENT)
     tiles, work = _check_problem(B * H, H, Tq, Tk, d, tiles, lambda d: default_tiles(d, causal, Tq))
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dev = cp.cuda.runtime.getDevice()
@@ -254,10 +267,11 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     if persistent is None:
         persistent = not causal
     grid = min(work, device_info(dev).sm_count) if persistent else work
+    counter = cp.zeros(1, dtype=cp.int32) if persistent == "dynamic" else None  # the tiles claimed so far
     kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale)(
         (grid,), (tiles.threads,),
         (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(BH),
-         np.float32(scale * LOG2E), np.int32(bool(causal))),
+         np.float32(scale * LOG2E), np.int32(bool(causal)), NULL if counter is None else counter),
         shared_mem=smem_bytes(d, tiles))
     return (o, lse) if return_lse else o
 
@@ -330,6 +344,7 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
         get_kernel(F.KERNEL_FILE, F.CLASS_KERNEL_NAME, defines=F.CLASS_DEFINES)(
             (m_count, B), (F.CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
                                                 np.int32(tiles.block_m), np.int32(tiles.block_n)))
+    _check_persistent(persistent, PERSISTENT[:3])  # their producer has no room for the dynamic schedule
     if persistent is None:
         persistent = not (causal or window is not None or prefix is not None or docs)
     grid = min(work, device_info(dev).sm_count) if persistent else work
