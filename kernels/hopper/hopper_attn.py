@@ -212,8 +212,9 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
     q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
-    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o (B, H, Tq, d) of
-    the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row that sees no key).
+    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o
+    (B, H, Tq, d) of the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row
+    that sees no key).
     Raises TypeError / ValueError naming the argument and the limit for anything else, UnsupportedDeviceError on a
     GPU that is not a Hopper.
 
