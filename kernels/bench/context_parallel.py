@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from .common import ROOT, gpu_missing, save_result
+from ..core.timing import BACKWARD_FLOP_FACTOR
 
 B, H, D = 1, 32, 128
 TS = (16384, 65536)
@@ -51,7 +52,7 @@ PROG = "python3 -m kernels.bench.context_parallel"
 
 def _flops(T: int, causal: bool, backward: bool) -> float:
     f = 4.0 * B * H * T * T * D * (0.5 if causal else 1.0)
-    return f * 3.5 if backward else f
+    return f * (1 + BACKWARD_FLOP_FACTOR) if backward else f
 
 
 def _inputs(T, device, dtype, seed=0):

@@ -42,6 +42,7 @@ import reference as R
 
 from .common import ROOT, gpu_missing, runnable
 from ..core import check, format_table, gpu_name
+from ..core.timing import BACKWARD_FLOP_FACTOR
 from ..flash import flash2_mma
 from ..pytorch import flash2_triton as F
 from ..core import cp
@@ -51,7 +52,6 @@ B, H = 4, 32
 T_VALUES = (1024, 4096, 16384)
 D_VALUES = (64, 128)
 SWEEP_T = 4096
-BWD_FLOP_FACTOR = 2.5
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 ROUNDS = 3  # rounds of kernels.compare per shape and direction: every implementation timed once per round, side by side
 
@@ -134,7 +134,7 @@ def measure(T: int, d: int, causal: bool, *, fwd_cfg=None, bwd_cfgs=(None, None)
         forwards[name] = lambda fn=sdpa_forward(backend, causal): fn(q, k, v)
     add("forward", forwards, flops, {"flash2_triton": dict(config=list(cfg), correct=correct)})
 
-    bflops = BWD_FLOP_FACTOR * flops
+    bflops = BACKWARD_FLOP_FACTOR * flops
     kv_cfg, q_cfg = bwd_cfgs
     kv_cfg, q_cfg = kv_cfg or F.BWD_KV_CONFIGS[d], q_cfg or F.BWD_Q_CONFIGS[d]
     graphs = {"flash2_triton": lambda a, b, c: F.attention(a, b, c, causal=causal)}
@@ -244,7 +244,7 @@ def run(Ts=T_VALUES, ds=D_VALUES, causals=(False, True), *, do_sweep=False, out_
     import torch
 
     result = {"gpu": gpu_name(), "torch": torch.__version__, "B": B, "H": H, "dtype": "float16", "rounds": ROUNDS,
-              "backward_flops_factor": BWD_FLOP_FACTOR, "backward_timing": "torch.autograd.grad with retain_graph",
+              "backward_flops_factor": BACKWARD_FLOP_FACTOR, "backward_timing": "torch.autograd.grad with retain_graph",
               "command": "python3 -m kernels.bench.triton " + " ".join(sys.argv[1:]), "rows": [], "sweep": {},
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     try:

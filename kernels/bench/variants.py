@@ -66,7 +66,7 @@ import numpy as np
 
 from .common import ROOT, gpu_missing, save_result
 from ..core import check, device_compute_capability, format_table, gpu_name
-from ..core.timing import compare, paired_ratio
+from ..core.timing import BACKWARD_FLOP_FACTOR, compare, paired_ratio
 
 B, H, D = 4, 32, 128
 TS = (4096, 16384)
@@ -77,7 +77,6 @@ OURS = ("flash2_mma", "hopper_attn")
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"}
 IMPLS = OURS + ("flex",) + tuple(SDPA_BACKENDS)
 PASSES = ("fwd", "fwd+bwd")
-BACKWARD_FLOPS = 2.5  # the backward's FLOPs over the forward's: five matrix products against two
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,8 @@ def visible_pairs(case: Case, T: int) -> int:
 
 def flops(case: Case, T: int, batch: int = B, heads: int = H, backward: bool = False) -> float:
     """Forward FLOPs of the visible area: 4 batch heads d per visible pair (two matrix products); with backward,
-    the forward's and the backward's together (1 + BACKWARD_FLOPS times as many)."""
-    return 4.0 * batch * heads * case.d * visible_pairs(case, T) * ((1.0 + BACKWARD_FLOPS) if backward else 1.0)
+    the forward's and the backward's together (1 + BACKWARD_FLOP_FACTOR times as many)."""
+    return 4.0 * batch * heads * case.d * visible_pairs(case, T) * ((1.0 + BACKWARD_FLOP_FACTOR) if backward else 1.0)
 
 
 def mask_mod(case: Case, Tq: int, Tk: int, ids=None):
@@ -542,7 +541,7 @@ def run(Ts=TS, cases=CASES, dtype: str = "float16", bench_kw=None, out_path: Pat
               "cases": [c.name for c in cases], "rounds": ROUNDS, "check": CHECK, "command": command,
               "pass": PASSES[backward],
               "flops": "4 B Hq d x visible pairs (counted exactly)" + (
-                  f", x {1 + BACKWARD_FLOPS} for forward and backward" if backward else ""),
+                  f", x {1 + BACKWARD_FLOP_FACTOR} for forward and backward" if backward else ""),
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "rows": []}
     for T in Ts:
         result["rows"] += bench_T(T, cases, dtype, bench_kw, impls, log, backward)

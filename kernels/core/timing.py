@@ -356,6 +356,11 @@ def fits_in_l2(nbytes: int) -> bool:
     return nbytes <= device_info().l2_bytes
 
 
+# The backward's FLOPs over the forward's: five matrix products of 2 Tq Tk d each against two (the convention
+# FlashAttention's benchmarks use); forward + backward is 1 + this.
+BACKWARD_FLOP_FACTOR = 2.5
+
+
 def attention_flops(B: int, H: int, Tq: int, Tk: int, d: int, causal: bool = False) -> float:
     """4 * B * H * Tq * Tk * d (two matrix products of 2*Tq*Tk*d each), halved for causal."""
     flops = 4.0 * B * H * Tq * Tk * d

@@ -303,6 +303,6 @@ def backward_variants(q, k, v, o, lse, do, *, causal=False, scale=None, dlse=Non
 def backward_flops(B: int, H: int, Tq: int, Tk: int, d: int, causal: bool = False) -> float:
     """2.5 x the forward's FLOPs (five matrix products of 2 Tq Tk d each against the forward's two), the
     convention FlashAttention's benchmarks use; halved for causal."""
-    from ..core.timing import attention_flops
+    from ..core.timing import BACKWARD_FLOP_FACTOR, attention_flops
 
-    return 2.5 * attention_flops(B, H, Tq, Tk, d, causal)
+    return BACKWARD_FLOP_FACTOR * attention_flops(B, H, Tq, Tk, d, causal)
