@@ -107,7 +107,7 @@ def cubin(tmp_path_factory, build):
 
 
 def test_nvrtc_builds_hold_every_kernel(sass):
-    names = set(B.MAIN_NAMES.values()) | set(B.PRE_NAMES.values()) | set(B.POST_NAMES.values())
+    names = set().union(*(x.values() for x in (B.MAIN_NAMES, B.PRE_NAMES, B.POST_NAMES, B.REDUCE_NAMES)))
     assert names <= set(sass), f"missing: {sorted(names - set(sass))}"
 
 
@@ -212,7 +212,7 @@ def test_constants_agree_with_the_kernel():
     assert "constexpr int BLOCK_N = 128;" in source and B.BLOCK_N == 128
     assert B.LAUNCH_REGS == 168 and B.THREADS == 384
     names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)|MAIN_BOUNDS)?\s*(\w+)\(', source))
-    assert names == set(B.MAIN_NAMES.values()) | set(B.PRE_NAMES.values()) | set(B.POST_NAMES.values()), names
+    assert names == set().union(*(x.values() for x in (B.MAIN_NAMES, B.PRE_NAMES, B.POST_NAMES, B.REDUCE_NAMES))), names
     # the workspace: dq_acc, lse2 and delta padded to whole tiles, the turn counters
     assert B.workspace_elements(2, 3, 100, 64) == 6 * 128 * 64 + 2 * 6 * 128 + 6 * 1
     assert B.workspace_elements(1, 1, 130, 128) == 192 * 128 + 2 * 192 + 3
@@ -235,5 +235,5 @@ def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
     cmd, res = AHEAD.result(("nvcc", (det, bulk, sched)), _nvcc_build, det, bulk, sched, tmp_path)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
-    kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES)
+    kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES) + len(B.REDUCE_NAMES)
     assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == kernels, res.stderr

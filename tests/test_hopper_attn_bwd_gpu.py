@@ -11,7 +11,8 @@ CONTRIBUTING.md's table), as for the mma.sync backward in tests/test_torch_ops_g
 for bit over three runs. Every mix of the schedule switches (EARLY_P, EARLY_KV, DQ_FIRST: the same products, only
 the waits moved) matches the reference on causal, ring-wrapping and many-key-tile cases, in the bulk, deterministic
 and atomics builds, and gives the default schedule's gradients bit for bit (dk, dv always, dq in the deterministic
-build). Needs compute capability 9.x; skipped elsewhere with the reason.
+build). Grouped-query heads (k, v with fewer heads) against reference.variants. Needs compute capability 9.x;
+skipped elsewhere with the reason.
 """
 
 import functools
@@ -187,6 +188,36 @@ def test_lse_gradient_shifts_delta(hopper, poison):
         assert res.ok, f"{name}: {res.detail()}"
 
 
+# (B, Hq, Hkv, Tq, Tk, d, causal, dtype): grouped-query heads, the group sizes 2, 4 and 8 at both head sizes
+GROUPED = [
+    (1, 4, 2, 200, 333, 128, True, "float16"),    # ragged, causal, two kv heads of two query heads each
+    (2, 8, 2, 300, 260, 64, False, "bfloat16"),   # four query heads a kv head, two batch entries
+    (1, 8, 1, 130, 513, 64, True, "float16"),     # one kv head for eight query heads (multi-query), five key tiles
+]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: "-".join(map(str, c)))
+def test_grouped_heads_match_reference(hopper, poison, case):
+    """k, v with fewer heads than q: dk and dv (k's shape) are the sums over each kv head's query heads, against
+    reference.variants.attention_variant_backward; o and lse from the forward's grouped-query entry point."""
+    from reference.variants import attention_variant_backward
+
+    cp = hopper
+    Bn, Hq, Hkv, Tq, Tk, d, causal, dtype = case
+    rng = np.random.default_rng(Tq + Tk)
+    host = [rng.standard_normal(shape).astype(dtype) for shape in
+            ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
+    q, k, v, do = (cp.asarray(x) for x in host)
+    o, lse = A.forward(q, k, v, causal=causal, return_lse=True)
+    grads = B.backward(q, k, v, o, lse, do, causal=causal)
+    refs = attention_variant_backward(*(x.astype(np.float64) for x in host[:3]), host[3].astype(np.float64),
+                                      causal=causal)
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        assert out.shape == ref.shape, f"{name} has shape {out.shape}; the reference {ref.shape}"
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+
+
 def test_errors(hopper):
     cp = hopper
     (q, k, v, do), _ = _problem(cp, 1, 1, 64, 64, 64, "float16", 1.0)
@@ -207,6 +238,12 @@ def test_errors(hopper):
     with pytest.raises(ValueError, match="16-byte aligned"):
         flat = cp.empty(q.size + 1, dtype=cp.float16)
         B.backward(q, k, v, flat[1:].reshape(q.shape), lse, do)
+    q3 = cp.zeros((1, 3, 64, 64), cp.float16)
+    k2 = cp.zeros((1, 2, 64, 64), cp.float16)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        B.backward(q3, k2, k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
+    with pytest.raises(ValueError, match="same shape"):
+        B.backward(q3, k2[:, :1].copy(), k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
 
 
 def test_below_hopper_raises_naming_the_capability(gpu, monkeypatch):

@@ -6,7 +6,7 @@
 //   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). Causal masking is
 //   bottom-right aligned (query i sees key j when j <= i + Tk - Tq); a row that sees no key has P = 0 throughout.
 //
-// Algorithm: three kernels on one stream (kernels/hopper/hopper_attn_bwd.py)
+// Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
 //      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
@@ -29,6 +29,8 @@
 //      dQ_part: BLOCK_M = 128 (D = 64): consumer c takes query rows 64 c .. + 63, all D columns; BLOCK_M = 64
 //      (D = 128): all rows, columns 64 c .. + 63. Either way 64 x 64 per warpgroup, over the CTA's 128 keys.
 //   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits, rows and columns back from the fragment order.
+//   4. hopper_bwd_reduce_heads  k, v of Hkv < H heads only: the launcher runs 1.-3. on k, v repeated to H heads;
+//      dK, dV of kv head j = the float32 sum of its group's H / Hkv query heads' 16-bit parts, rounded once.
 //
 // Layouts: q, o, do, dq (B, H, Tq, D), k, v, dk, dv (B, H, Tk, D), 16-bit, row-major. Workspace (float32 unless said;
 //   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H m_count, BLOCK_M D: one block per query
@@ -40,8 +42,8 @@
 // Launch: preprocess grid = ceil(B H Tq_pad / PRE_WARPS), block = 32 PRE_WARPS; main grid = ceil(Tk / 128) B H,
 //   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES 2 BLOCK_M D 2 + 16 BLOCK_M
 //   + 2 BLOCK_N BLOCK_M 2 + 4 BLOCK_M D + 1024: 199680 (D = 64) and 198656 bytes (D = 128) (DQ_BULK = 0: 32768
-//   less); postprocess grid = min(ceil(B H Tq D / 4 / 256), 8192), block = 256. Registers: __launch_bounds__(384,
-//   1) = 168; setmaxnreg 24 producer, 240 consumers.
+//   less); postprocess and reduce_heads grid = min(ceil(quads or pairs / 256), 8192), block = 256. Registers:
+//   __launch_bounds__(384, 1) = 168; setmaxnreg 24 producer, 240 consumers.
 //
 // Kernels (extern "C"; u16: the bits of float16, f16, or bfloat16, bf16):
 //   hopper_bwd_preprocess_{f16,bf16}(const u16* o, const u16* dout, const float* lse, const float* dlse,
@@ -54,6 +56,8 @@
 //       scale_log2 = scale log2 e; causal 0 or 1; turns: used only by the DETERMINISTIC = 1 build
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
+//   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
+//       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
 //   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P 1 (b. once
 //   S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1 (dQ_part waited for
@@ -672,6 +676,28 @@ DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Kernel 4, grouped-query heads only: the main kernel ran on k, v repeated to Hq heads, so each query head has its own
+// part of dK and dV (rounded to 16 bits); kv head j's gradient is the float32 sum of the parts of query heads
+// j group .. j group + group - 1, rounded once. Two columns per step of a grid-stride loop.
+// ---------------------------------------------------------------------------------------------
+template <bool BF16>
+DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, long long pairs, long long head_pairs,
+                         int group) {
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    const u32* parts = reinterpret_cast<const u32*>(part);
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += stride) {
+        const u32* first = parts + (i / head_pairs) * group * head_pairs + i % head_pairs;  // query head j group
+        float lo = 0.0f, hi = 0.0f;
+        for (int g = 0; g < group; ++g) {
+            const float2 x = unpack2<BF16>(first[g * head_pairs]);
+            lo += x.x;
+            hi += x.y;
+        }
+        reinterpret_cast<u32*>(out)[i] = pack2<BF16>(lo, hi);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Entry points, with the signatures of the header's "Kernels": float16 or bfloat16; D = 64 or 128 for the main one
 // ---------------------------------------------------------------------------------------------
 #define PRE_PARAMS                                                                                                  \
@@ -708,3 +734,7 @@ extern "C" __global__ void MAIN_BOUNDS hopper_bwd_bf16_d128(MAIN_PARAMS) {
 #define POST_ARGS dq_acc, dq, quads, d, Tq, scale
 extern "C" __global__ void hopper_bwd_postprocess_f16(POST_PARAMS) { postprocess<false>(POST_ARGS); }
 extern "C" __global__ void hopper_bwd_postprocess_bf16(POST_PARAMS) { postprocess<true>(POST_ARGS); }
+#define REDUCE_PARAMS const u16* part, u16* out, long long pairs, long long head_pairs, int group
+#define REDUCE_ARGS part, out, pairs, head_pairs, group
+extern "C" __global__ void hopper_bwd_reduce_heads_f16(REDUCE_PARAMS) { reduce_heads<false>(REDUCE_ARGS); }
+extern "C" __global__ void hopper_bwd_reduce_heads_bf16(REDUCE_PARAMS) { reduce_heads<true>(REDUCE_ARGS); }

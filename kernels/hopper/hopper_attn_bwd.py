@@ -13,7 +13,10 @@ header has the algorithm; kernels/hopper/README.md ("The backward") the design a
 Same contract as flash2_mma_bwd.backward, for d = 64 or 128 only, and any finite scale (negative too, as the
 forward). deterministic=True uses the build compiled with -D DETERMINISTIC=1: the key tiles add their parts of dQ in
 a fixed order, one after the other per query tile, so dq is bitwise repeatable (dk and dv always are).
-On a Hopper, the PyTorch attention operator's backward runs this kernel at d = 64 and 128 (kernels/pytorch/torch_ops.py).
+k and v may have fewer heads than q (grouped-query attention, Hq a multiple of Hkv): dk and dv then have k's shape,
+each the sum over the query heads that read its kv head (hopper_bwd_reduce_heads, in float32).
+On a Hopper, the PyTorch attention operator's backward runs this kernel at d = 64 and 128
+(kernels/pytorch/torch_ops.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import hopper_gemm
+from ..flash.flash2_mma import _grouped, _validate_grouped
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
@@ -66,6 +70,7 @@ _TAG = {"float16": "f16", "bfloat16": "bf16"}
 MAIN_NAMES = {(dt, d): f"hopper_bwd_{_TAG[dt]}_d{d}" for dt in DTYPES for d in HEAD_DIMS}
 PRE_NAMES = {dt: f"hopper_bwd_preprocess_{_TAG[dt]}" for dt in DTYPES}
 POST_NAMES = {dt: f"hopper_bwd_postprocess_{_TAG[dt]}" for dt in DTYPES}
+REDUCE_NAMES = {dt: f"hopper_bwd_reduce_heads_{_TAG[dt]}" for dt in DTYPES}
 
 
 def smem_bytes(d: int, dq_bulk: int | None = None) -> int:
@@ -98,12 +103,17 @@ def schedule() -> dict:
     return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
 
 
+def build_defines(deterministic: bool) -> tuple:
+    """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK and the schedule switches."""
+    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule())
+
+
 def kernels(dtype: str, d: int, deterministic: bool, dev: int):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
     DQ_BULK and the schedule switches are read per call."""
     switches = schedule()
-    defines = DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **switches)
+    defines = build_defines(deterministic)
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
     key = (dtype, d, bool(deterministic), DQ_BULK, *switches.values(), dev)
@@ -129,14 +139,17 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
-    q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays of one dtype, 16-byte
-    aligned, d = 64 or 128; lse (B, H, Tq) float32, natural log, as hopper_attn.forward(..., return_lse=True) gives it
-    (-inf for a row that sees no key). causal, scale: as in the forward (scale defaults to 1/sqrt(d); any finite
-    value). deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's
-    dQ). dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse).
-    Raises TypeError / ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a
-    Hopper (compute capability 9.x).
+    q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
+    or bfloat16 CuPy arrays of one dtype, 16-byte aligned, d = 64 or 128; lse (B, H, Tq) float32, natural log, as
+    hopper_attn.forward(..., return_lse=True) gives it (-inf for a row that sees no key). causal, scale: as in the
+    forward (scale defaults to 1/sqrt(d); any finite value). deterministic: dq bitwise repeatable (a build of its
+    own; the key tiles take turns at each query tile's dQ). dlse: optional float32 (B, H, Tq) gradient of the lse
+    output (it shifts delta by -dlse). Raises TypeError / ValueError naming the argument and the limit,
+    UnsupportedDeviceError on a GPU that is not a Hopper (compute capability 9.x).
     """
+    if _grouped(q, k):
+        return _backward_grouped(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic,
+                                 dlse=dlse)
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
                                                 scale=scale, align=ALIGN)
     if d not in HEAD_DIMS:
@@ -182,6 +195,32 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
          (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
+    return dq, dk, dv
+
+
+def _backward_grouped(q, k, v, o, lse, do, **options):
+    """backward() for k, v of Hkv heads, Hq a multiple of Hkv: the three kernels on k and v repeated to Hq heads (query
+    head h reads kv head h // group, as in the forward), each query head's dK, dV written apart, then
+    hopper_bwd_reduce_heads sums each kv head's group in float32. The repeat costs two copies of k and v; a main
+    kernel that read kv head h // group through its tensor maps, as the forward's variant builds do, would not."""
+    validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT, scale=options["scale"],
+                       align=ALIGN)  # q, the scale and the GPU, before anything is copied
+    B, Hq, Hkv, Tq, Tk, d = _validate_grouped(q, k, v, current_device(), WHAT, MAX_D)
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS}")
+    hopper_gemm.check_hopper()
+    if Hq % Hkv:
+        raise ValueError(f"q has {Hq} heads and k, v have {Hkv}: {WHAT} needs Hq to be a multiple of Hkv")
+    group = Hq // Hkv
+    repeat = (lambda x: cp.repeat(x.view(cp.uint16), group, axis=1).view(x.dtype))  # the bits, in any 16-bit dtype
+    dq, dk_parts, dv_parts = backward(q, repeat(k), repeat(v), o, lse, do, **options)
+    reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[q.dtype.name], defines=build_defines(options["deterministic"]),
+                        arch=ARCH)  # from the module the three kernels came from
+    dk, dv = cp.empty_like(k), cp.empty_like(v)
+    pairs = k.size // 2
+    for parts, out in ((dk_parts, dk), (dv_parts, dv)):
+        reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
+               (parts, out, np.int64(pairs), np.int64(Tk * d // 2), np.int32(group)))
     return dq, dk, dv
 
 
