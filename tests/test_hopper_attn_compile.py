@@ -155,6 +155,14 @@ def test_constants_agree_with_the_kernel():
     assert A.DEFINES == sum((A.tiles_defines(d, A.TILES[(d, False)]) for d in (64, 128, 256)), ())
 
 
+def test_default_launch():
+    """Persistent without the mask; under it the dynamic queue for short sequences at d = 64, else a CTA per tile."""
+    assert A.default_launch(64, False, 1) is True and A.default_launch(128, False, 10**6) is True
+    assert A.default_launch(64, True, 1) == "dynamic" and A.default_launch(64, True, A.DYNAMIC_CAUSAL_TQ) == "dynamic"
+    assert A.default_launch(64, True, A.DYNAMIC_CAUSAL_TQ + 1) is False
+    assert A.default_launch(128, True, 1) is False and A.default_launch(256, True, 1) is False
+
+
 def test_registry_entry():
     import kernels
 

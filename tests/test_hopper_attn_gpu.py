@@ -143,11 +143,11 @@ def test_climbing_row_maxima(hopper, poison, lazy, d, causal, climb):
 
 
 def _launch_cases():
-    """By default the launches each case does not get by default (persistent under the causal mask, a CTA per work
-    tile without it, and the dynamic schedule); the default launch is test_schedule_matches_reference's default
-    schedule again (--full-grid)."""
+    """By default the launches each case does not get by default (A.default_launch: persistent under the causal
+    mask, a CTA per work tile without it, the dynamic schedule where it is not the default, one CTA per work tile
+    where it is); the default launch is test_schedule_matches_reference's default schedule again (--full-grid)."""
     for case, persistent in itertools.product(CASES, [False, True, "dynamic"]):
-        default = persistent == "dynamic" or persistent != (not case[5])
+        default = persistent != A.default_launch(case[4], case[5], case[2])  # d, causal, Tq
         launch = persistent if isinstance(persistent, str) else "persistent" if persistent else "grid"
         yield pytest.param(persistent, case, id=f"{_case_id(case)}-{launch}",
                            marks=() if default else (pytest.mark.full_grid,))

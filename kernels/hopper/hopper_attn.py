@@ -19,7 +19,8 @@ tensor read in boxes of 64 columns x block_m (q) or block_n (k, v) rows with the
 third dimension so that a box hanging over the end of one head reads zeros, not the next head's rows.
 
 The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
-default_tiles); without the causal mask the launch is persistent (one CTA per SM walks the work tiles).
+default_tiles); the launch too (default_launch): without the causal mask persistent (one CTA per SM walks the work
+tiles).
 
 The variants of reference/variants.py (forward_variants; forward takes them too): k, v with fewer heads than q
 (grouped-query attention), window=(left, right), prefix, doc_ids_q / doc_ids_k, alibi_slopes and softcap, checked by
@@ -86,6 +87,20 @@ TILES = {
 # tile that see fewer keys than its last row) is a larger share of the little work there is.
 SHORT_CAUSAL_TQ = 1024
 SHORT_CAUSAL_TILES = Tiles(128, 128, 4)
+
+
+# Short causal sequences at d = 64 take their work tiles from the dynamic queue (persistent="dynamic"): with few
+# tiles per SM the order in which the unequal tiles start decides when the last SM finishes. At d = 128, and for longer
+# sequences, one CTA per tile measured faster (kernels/hopper/README.md, "The launch").
+DYNAMIC_CAUSAL_TQ = 2048
+
+
+def default_launch(d: int, causal: bool, Tq: int):
+    """The launch forward() uses when given persistent=None: True (one CTA per SM) without the mask; with it
+    "dynamic" at d = 64 up to DYNAMIC_CAUSAL_TQ query rows and False (one CTA per work tile) otherwise."""
+    if not causal:
+        return True
+    return "dynamic" if d == 64 and Tq <= DYNAMIC_CAUSAL_TQ else False
 
 
 def default_tiles(d: int, causal: bool, Tq: int) -> Tiles:
@@ -234,12 +249,13 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     added rather than before; with lazy rescaling, p and O are relative to a maximum up to 8 log2 units below the true one).
 
     persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
-    False one CTA per work tile, which the GPU hands out to the SMs as they free up. The default (None) is True without
-    the causal mask, where every work tile costs the same, and False with it, where the fixed round robin would give
-    some SMs only long tiles. "dynamic": one CTA per SM, each taking the next tile no CTA has taken from a counter in
-    global memory, the tiles numbered longest first (every head's last query tile first): a greedy schedule that
-    balances the causal mask's unequal tiles and, as any persistent launch, loads a CTA's next tile while it finishes
-    the one before (the kernel's TileQueue). Same build, same results.
+    False one CTA per work tile, which the GPU hands out to the SMs as they free up. "dynamic": one CTA per SM, each
+    taking the next tile no CTA has taken from a counter in global memory, the tiles numbered longest first (every
+    head's last query tile first): a greedy schedule that balances the causal mask's unequal tiles and, as any
+    persistent launch, loads a CTA's next tile while it finishes the one before (the kernel's TileQueue). Same build,
+    same results. The default (None) is default_launch(d, causal, Tq): True without the causal mask, where every work
+    tile costs the same; with it False, where the fixed round robin would give some SMs only long tiles, except for
+    short sequences at d = 64, which take "dynamic".
 
     window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
     kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
@@ -265,7 +281,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     map_k = hopper_gemm.tensor_map(k, BH, Tk, d, tiles.block_n)
     map_v = hopper_gemm.tensor_map(v, BH, Tk, d, tiles.block_n)
     if persistent is None:
-        persistent = not causal
+        persistent = default_launch(d, causal, Tq)
     grid = min(work, device_info(dev).sm_count) if persistent else work
     counter = cp.zeros(1, dtype=cp.int32) if persistent == "dynamic" else None  # the tiles claimed so far
     kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale)(
