@@ -25,6 +25,11 @@
    GPU time of one step, `vs cuDNN` and `vs flash` as above.
 5. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
    directly, and torch's own SDPA call.
+6. The Hopper forward's launches under the causal mask (`--parts launch`, not in the default run; on a Hopper):
+   hopper_attn.forward with its default launch (hopper_attn.default_launch), with persistent=True (one CTA per SM,
+   the work tiles in a fixed round robin), with persistent="dynamic" (one CTA per SM taking tiles from a queue,
+   longest first) and at d = 64 the queue with 128-row tiles, beside SDPA's cuDNN forward; `vs cuDNN` as above.
+   What hopper_attn.DYNAMIC_CAUSAL_TQ is set from.
 
     kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
                      median round of the comparison's ROUNDS rounds (`rounds ms`: the kernel ms of every round)
@@ -41,6 +46,7 @@ Results go to results/bench-torch.json, numbers as numbers.
     python3 -m kernels.bench.torch_ops --parts backward --T 4096 16384 --bwd-schedules   # the schedules' A/B
     python3 -m kernels.bench.torch_ops --parts forward --T 1024 2048 4096 16384 --out results/bench-torch-fwd.json
     python3 -m kernels.bench.torch_ops --parts train --T 4096 16384 --out results/bench-torch-train.json
+    python3 -m kernels.bench.torch_ops --parts launch --T 1024 2048 4096 8192 16384 --out results/bench-launch.json
 """
 
 from __future__ import annotations
@@ -227,6 +233,52 @@ def bench_forward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
     return rows
 
 
+def hopper_launches(q, k, v, d: int) -> dict:
+    """{launch: zero-argument callable}: hopper_attn.forward under the causal mask with each launch (part 6)."""
+    from ..hopper import hopper_attn
+
+    fns = {"default launch": lambda: hopper_attn.forward(q, k, v, causal=True)}
+    for persistent in (True, "dynamic"):
+        fns[f"persistent={persistent!r}"] = (lambda p=persistent: hopper_attn.forward(q, k, v, causal=True,
+                                                                                        persistent=p))
+    if d == 64:
+        fns["persistent='dynamic' tiles=(128, 128, 4)"] = (
+            lambda: hopper_attn.forward(q, k, v, causal=True, persistent="dynamic", tiles=(128, 128, 4)))
+    return fns
+
+
+def bench_launch(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..core.device import device_compute_capability
+    from ..core.timing import attention_flops
+    from ..hopper import hopper_attn
+
+    if device_compute_capability()[0] != 9:
+        return [{"impl": "hopper_attn", "note": "not run: the Hopper forward needs compute capability 9.x"}]
+    rows = []
+    for T, d in itertools.product(Ts, Ds):
+        gen = torch.Generator("cuda").manual_seed(T + d)
+        q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=getattr(torch, dtype), generator=gen) for _ in range(3))
+        fns = hopper_launches(*(cp.from_dlpack(x) for x in (q, k, v)), d)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        fns["sdpa_cudnn"] = cudnn
+        times = compare(fns, rounds=ROUNDS, **bench_kw)
+        for impl, t in sorted(times.items(), key=lambda x: x[1].ms):
+            rows.append({"impl": impl, "T": T, "d": d, "causal": True,
+                         "default launch": repr(hopper_attn.default_launch(d, True, T)), "kernel ms": t.ms,
+                         "TFLOP/s": t.tflops(attention_flops(B, H, T, T, d, True)),
+                         "vs cuDNN": paired_ratio(t, times["sdpa_cudnn"]), "rounds ms": list(t.rounds)})
+        del fns, times
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_train(Ts, Ds, bench_kw) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -352,6 +404,8 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
         result["forward"] = bench_forward(Ts, Ds, bench_kw, dtype)
     if "train" in parts:
         result["train"] = bench_train(Ts, Ds, bench_kw)
+    if "launch" in parts:
+        result["launch"] = bench_launch(Ts, Ds, bench_kw, dtype)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -371,6 +425,9 @@ def summary(result: dict) -> str:
     if "train" in result:
         parts.append(format_table(result["train"], ["impl", "T", "d", "B", "C", "layers", "kernel ms", "call ms",
                                                     "vs cuDNN", "vs flash", "note"]))
+    if "launch" in result:
+        parts.append(format_table(result["launch"], ["impl", "T", "d", "default launch", "kernel ms", "TFLOP/s",
+                                                     "vs cuDNN", "note"]))
     if "softmax" in result:
         parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
                                                       "ours faster by", "note"]))
@@ -384,9 +441,9 @@ def main(argv=None) -> int:
     p.add_argument("--T", type=int, nargs="+", default=list(TS))
     p.add_argument("--d", type=int, nargs="+", default=list(DS))
     p.add_argument("--parts", nargs="+", default=["backward", "softmax", "host"],
-                   choices=("backward", "forward", "train", "softmax", "host"))
+                   choices=("backward", "forward", "train", "softmax", "host", "launch"))
     p.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
-                   help="of the backward and forward parts")
+                   help="of the backward, forward and launch parts")
     p.add_argument("--dq-atomics", action="store_true",
                    help="on a Hopper, also the backward's build that adds dQ by atomics (-D DQ_BULK=0)")
     p.add_argument("--bwd-schedules", action="store_true",

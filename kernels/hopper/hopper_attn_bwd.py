@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import hopper_gemm
-from ..flash.flash2_mma import _grouped, _validate_grouped
+from . import hopper_attn, hopper_gemm
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
+from ..flash.flash2_mma import validate_variant_problem  # the grouped-query checks of the forward's variants
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
 HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
@@ -142,12 +142,13 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
     or bfloat16 CuPy arrays of one dtype, 16-byte aligned, d = 64 or 128; lse (B, H, Tq) float32, natural log, as
     hopper_attn.forward(..., return_lse=True) gives it (-inf for a row that sees no key). causal, scale: as in the
-    forward (scale defaults to 1/sqrt(d); any finite value). deterministic: dq bitwise repeatable (a build of its
-    own; the key tiles take turns at each query tile's dQ). dlse: optional float32 (B, H, Tq) gradient of the lse
-    output (it shifts delta by -dlse). Raises TypeError / ValueError naming the argument and the limit,
-    UnsupportedDeviceError on a GPU that is not a Hopper (compute capability 9.x).
+    forward (scale defaults to 1/sqrt(d); any finite value, > 0 with grouped heads as in the forward).
+    deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's dQ).
+    dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). Raises TypeError /
+    ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
+    capability 9.x).
     """
-    if _grouped(q, k):
+    if hopper_attn._fewer_kv_heads(q, k):
         return _backward_grouped(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic,
                                  dlse=dlse)
     B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
@@ -203,9 +204,9 @@ def _backward_grouped(q, k, v, o, lse, do, **options):
     head h reads kv head h // group, as in the forward), each query head's dK, dV written apart, then
     hopper_bwd_reduce_heads sums each kv head's group in float32. The repeat costs two copies of k and v; a main
     kernel that read kv head h // group through its tensor maps, as the forward's variant builds do, would not."""
-    validate_attention(q, q, q, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT, scale=options["scale"],
-                       align=ALIGN)  # q, the scale and the GPU, before anything is copied
-    B, Hq, Hkv, Tq, Tk, d = _validate_grouped(q, k, v, current_device(), WHAT, MAX_D)
+    # q, k, v and the scale as the forward's grouped entry points check them (scale > 0 there), before any copy
+    B, Hq, Tq, Tk, d, _ = validate_variant_problem(q, k, v, current_device(), options["scale"], WHAT, MAX_D)
+    Hkv = k.shape[1]
     if d not in HEAD_DIMS:
         raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS}")
     hopper_gemm.check_hopper()
