@@ -29,8 +29,8 @@
 //      dQ_part: BLOCK_M = 128 (D = 64): consumer c takes query rows 64 c .. + 63, all D columns; BLOCK_M = 64
 //      (D = 128): all rows, columns 64 c .. + 63. Either way 64 x 64 per warpgroup, over the CTA's 128 keys.
 //   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits, rows and columns back from the fragment order.
-//   4. hopper_bwd_reduce_heads  k, v of Hkv < H heads only: the launcher runs 1.-3. on k, v repeated to H heads;
-//      dK, dV of kv head j = the float32 sum of its group's H / Hkv query heads' 16-bit parts, rounded once.
+//   4. hopper_bwd_reduce_heads  k, v of Hkv < H heads only (2. reads kv head h / group and writes each query
+//      head's dK, dV part): dK, dV of kv head j = the float32 sum of its group's 16-bit parts, rounded once.
 //
 // Layouts: q, o, do, dq (B, H, Tq, D), k, v, dk, dv (B, H, Tk, D), 16-bit, row-major. Workspace (float32 unless said;
 //   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H m_count, BLOCK_M D: one block per query
@@ -51,9 +51,10 @@
 //       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
-//       float scale, int causal)   maps: (D, T, B H) 16-bit tensors, boxes of 64 columns x BLOCK_M (q, do) or
-//       BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale (any finite value, negative too);
-//       scale_log2 = scale log2 e; causal 0 or 1; turns: used only by the DETERMINISTIC = 1 build
+//       float scale, int causal, int group)   maps: (D, T, B H) 16-bit tensors (k, v: B Hkv, Hkv = H / group),
+//       boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale
+//       (any finite value, negative too); scale_log2 = scale log2 e; causal 0 or 1; group: query heads per kv head
+//       (dk, dv then (B, H, Tk, D) parts for reduce_heads); turns: used only by the DETERMINISTIC = 1 build
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
@@ -181,6 +182,7 @@ template <class T> struct Smem {
 struct Problem {
     int Tq, Tk, diag, causal;  // query i sees key j when j < Tk and (not causal or j <= i + diag), diag = Tk - Tq
     int bh, n, k0;             // (batch, head), the key tile and its first key
+    int kv_bh;                 // the (batch, kv head) of k and v this head reads: bh / group
     int m_first, m_count;      // the query tiles this key tile meets
     float scale, scale_log2;
 };
@@ -212,8 +214,8 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
 #pragma unroll
     for (int h = 0; h < T::HALVES; ++h) {
         const u32 half = h * BLOCK_N * SWIZZLE_BYTES;
-        tma_load_3d(sm.sK() + half, map_k, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
-        tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
+        tma_load_3d(sm.sK() + half, map_k, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
+        tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
     }
     RingPos<STAGES> pos;
     for (int m = pb.m_first; m < pb.m_count; ++m) {
@@ -588,7 +590,7 @@ template <int D, bool BF16>
 DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
-                               int causal) {
+                               int causal, int group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -605,6 +607,7 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.causal = causal;
     pb.n = blockIdx.x % n_count;
     pb.bh = blockIdx.x / n_count;
+    pb.kv_bh = pb.bh / group;  // b H + h over group = b Hkv + h / group, as H = Hkv group
     pb.k0 = pb.n * BLOCK_N;
     pb.m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
     pb.scale = scale;
@@ -676,9 +679,9 @@ DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 4, grouped-query heads only: the main kernel ran on k, v repeated to Hq heads, so each query head has its own
-// part of dK and dV (rounded to 16 bits); kv head j's gradient is the float32 sum of the parts of query heads
-// j group .. j group + group - 1, rounded once. Two columns per step of a grid-stride loop.
+// Kernel 4, grouped-query heads only: the main kernel wrote each query head's part of dK and dV (rounded to 16 bits);
+// kv head j's gradient is the float32 sum of the parts of query heads j group .. j group + group - 1, rounded once.
+// Two columns per step of a grid-stride loop.
 // ---------------------------------------------------------------------------------------------
 template <bool BF16>
 DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, long long pairs, long long head_pairs,
@@ -708,8 +711,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
-    int causal
-#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, causal
+    int causal, int group
+#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, causal, \
+    group
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {
