@@ -3,15 +3,16 @@
 //
 // What it computes: dQ, dK, dV of o = softmax(scale q k^T + mask) v (hopper_attn.cu's contract) given o, its lse
 //   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
-//   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). Causal masking is
-//   bottom-right aligned (query i sees key j when j <= i + Tk - Tq); a row that sees no key has P = 0 throughout.
+//   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). The mask is a band,
+//   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
+//   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout.
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
 //      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
-//      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m and dO_m into a STAGES-slot ring
+//      m_end - 1 (the tiles that see a key of the CTA: query_tiles) Q_m and dO_m into a STAGES-slot ring
 //      (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK and dV in
 //      registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a thread,
 //      while a. runs) into one of two row buffers:
@@ -51,10 +52,11 @@
 //       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
-//       float scale, int causal, int group)   maps: (D, T, B H) 16-bit tensors (k, v: B Hkv, Hkv = H / group),
+//       float scale, int left, int right, int group)   maps: (D, T, B H) 16-bit tensors (k, v: B Hkv, H / group),
 //       boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale
-//       (any finite value, negative too); scale_log2 = scale log2 e; causal 0 or 1; group: query heads per kv head
-//       (dk, dv then (B, H, Tk, D) parts for reduce_heads); turns: used only by the DETERMINISTIC = 1 build
+//       (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band (Tq + Tk: unbounded);
+//       group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads); turns: used only by the
+//       DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left unbounded)
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
@@ -180,17 +182,21 @@ template <class T> struct Smem {
 
 // What every thread of a CTA knows about its problem.
 struct Problem {
-    int Tq, Tk, diag, causal;  // query i sees key j when j < Tk and (not causal or j <= i + diag), diag = Tk - Tq
+    int Tq, Tk, diag;          // query i sees key j < Tk when c - left <= j <= c + right, c = i + diag, diag = Tk - Tq
+    int left, right;           // the band (causal: right = 0; an unbounded side is Tq + Tk, which no position reaches)
     int bh, n, k0;             // (batch, head), the key tile and its first key
     int kv_bh;                 // the (batch, kv head) of k and v this head reads: bh / group
-    int m_first, m_count;      // the query tiles this key tile meets
+    int m_first, m_end;        // the query tiles this key tile meets: m_first .. m_end - 1
+    int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
 };
 
-// The first query tile that sees a key of the tile starting at k0: under the causal mask the first query to see key
-// k0 is k0 - (Tk - Tq). Producer and consumers both use it, so they agree on the ring's turns.
-template <int BLOCK_M> DEVICE int first_query_tile(int k0, int Tq, int Tk, int causal) {
-    return causal ? max(0, k0 - (Tk - Tq)) / BLOCK_M : 0;
+// The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + diag + right >= k0
+// and i + diag - left <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
+template <int BLOCK_M> DEVICE void query_tiles(Problem& pb) {
+    pb.m_first = max(0, pb.k0 - pb.diag - pb.right) / BLOCK_M;
+    const int last = pb.k0 + BLOCK_N - 1 - pb.diag + pb.left;  // the last query that sees a key of the tile
+    pb.m_end = last < 0 ? 0 : min(pb.m_count, last / BLOCK_M + 1);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -218,7 +224,7 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
         tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_count; ++m) {
+    for (int m = pb.m_first; m < pb.m_end; ++m) {
         mbar_wait(smem_addr(&sm.q_empty[pos.s]), pos.phase ^ 1);
         const u32 bar = smem_addr(&sm.q_full[pos.s]);
         mbar_arrive_expect_tx(bar, T::TX_BYTES);
@@ -263,7 +269,7 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
 }
 
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
-// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or (causal) key > query + diag; a select,
+// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or key is outside the band; a select,
 // not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
@@ -281,7 +287,9 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
                 float p = exp2_ftz(fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x)));
                 if (MASK) {
                     const int q = q0 + 8 * i + 2 * t + e;
-                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | ((pb.causal != 0) & (key[h] > q + pb.diag));
+                    const int c = q + pb.diag;  // the query's position among the keys
+                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | (key[h] > c + pb.right) |
+                                        (key[h] < c - pb.left);
                     p = hidden ? 0.0f : p;
                 }
                 if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
@@ -493,15 +501,15 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
     float acc_dk[T::KV_ACC], acc_dv[T::KV_ACC];
 #pragma unroll
     for (int i = 0; i < T::KV_ACC; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
-    if (pb.m_first < pb.m_count) {
+    if (pb.m_first < pb.m_end) {
         store_row_value(sm, 0, fetch_row_value<T>(lse2, delta, pb, pb.m_first));
         named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
         mbar_wait(smem_addr(sm.kv_full), 0);
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_count; ++m) {
+    for (int m = pb.m_first; m < pb.m_end; ++m) {
         const int q0 = m * T::BLOCK_M, buf = (m - pb.m_first) & 1;
-        const bool more = m + 1 < pb.m_count;
+        const bool more = m + 1 < pb.m_end;
         const float next_row_value = more ? fetch_row_value<T>(lse2, delta, pb, m + 1) : 0.0f;
         mbar_wait(smem_addr(&sm.q_full[pos.s]), pos.phase);
         // ---- a. S^T = K_c Q^T and dP^T = V_c dO^T ----
@@ -511,9 +519,10 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         wgmma_wait<EARLY_P ? 1 : 0>();  // EARLY_P: S^T alone
         wgmma_pin(acc_s);
         if constexpr (!EARLY_P) wgmma_pin(acc_dp);
-        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
+        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or an edge of the band test each entry ----
         const float* rows = sm.rows(buf);
-        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
+        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || k_last > q0 + pb.diag + pb.right ||
+                          k_last - (WGMMA_M - 1) < q0 + T::BLOCK_M - 1 + pb.diag - pb.left;
         if (mask)
             probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
@@ -590,7 +599,7 @@ template <int D, bool BF16>
 DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
-                               int causal, int group) {
+                               int left, int right, int group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -604,7 +613,8 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.Tq = Tq;
     pb.Tk = Tk;
     pb.diag = Tk - Tq;
-    pb.causal = causal;
+    pb.left = left;
+    pb.right = right;
     pb.n = blockIdx.x % n_count;
     pb.bh = blockIdx.x / n_count;
     pb.kv_bh = pb.bh / group;  // b H + h over group = b Hkv + h / group, as H = Hkv group
@@ -629,11 +639,11 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     const int warpgroup = threadIdx.x / WARPGROUP;
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
-        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);  // here: not held across setmaxnreg
-        if (threadIdx.x == 0 && pb.m_first < pb.m_count) produce(sm, pb, map_q, map_k, map_v, map_do);
+        query_tiles<T::BLOCK_M>(pb);  // here: not held across setmaxnreg
+        if (threadIdx.x == 0 && pb.m_first < pb.m_end) produce(sm, pb, map_q, map_k, map_v, map_do);
     } else {
         regs_increase<T::CONSUMER_REGS>();
-        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);
+        query_tiles<T::BLOCK_M>(pb);
         consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
     }
 #else
@@ -711,9 +721,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
-    int causal, int group
-#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, causal, \
-    group
+    int left, int right, int group
+#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
+    right, group
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {

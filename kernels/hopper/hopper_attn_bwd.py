@@ -28,7 +28,7 @@ from . import hopper_attn, hopper_gemm
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
-from ..flash.flash2_mma import validate_variant_problem  # the grouped-query checks of the forward's variants
+from ..flash.flash2_mma import validate_variant_problem, variant_spec  # the checks of the forward's variants
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
 HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
@@ -137,7 +137,7 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
                          f"in 16-byte vectors)")
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None):
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
@@ -145,11 +145,17 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     hopper_attn.forward(..., return_lse=True) gives it (-inf for a row that sees no key). causal, scale: as in the
     forward (scale defaults to 1/sqrt(d); any finite value, > 0 with grouped heads as in the forward).
     deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's dQ).
-    dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). Raises TypeError /
+    dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). window: (left, right),
+    each an int >= 0 or None, the sliding window of hopper_attn.forward (reference.variants' band; not with
+    deterministic=True when left is bounded: a query tile's key tiles then do not start at 0). Raises TypeError /
     ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
     capability 9.x).
     """
     B, H, Hkv, Tq, Tk, d, scale = _validate_problem(q, k, v, scale)
+    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window)  # left, right: Tq + Tk if unbounded
+    if deterministic and band.left < Tq + Tk:
+        raise ValueError(f"window={window!r}: deterministic=True needs the window's left side unbounded (None), as "
+                         f"its key tiles take turns from tile 0 at every query tile")
     dev = current_device()
     same = dtype_set((q.dtype.name,))
     _check_like(o, "o", q.shape, same, dev)
@@ -157,7 +163,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     _check_like(lse, "lse", (B, H, Tq), F32, dev)
     if dlse is not None:
         _check_like(dlse, "dlse", (B, H, Tq), F32, dev)
-    limit = INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)
+    limit = (INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)) // 3  # the band's bounds (c + right, c - left) in 32 bits
     if max(Tq, Tk) > limit:
         raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
     BH, group = B * H, H // Hkv
@@ -189,7 +195,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, BLOCK_N)
     main((n_count * BH,), (THREADS,),
          (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk_out, dv_out, np.int32(Tq), np.int32(Tk),
-          np.float32(scale * LOG2E), np.float32(scale), np.int32(bool(causal)), np.int32(group)),
+          np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group)),
          shared_mem=smem_bytes(d))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
