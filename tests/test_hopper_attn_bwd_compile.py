@@ -190,13 +190,13 @@ def test_register_budget_and_no_local_memory(cubin, cuobjdump):
 
 def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
     """map_q, map_k, map_v, map_do by value, then lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale,
-    causal."""
+    left, right, group."""
     info = _per_function(_run(cuobjdump, "-elf", str(cubin)), r"^\.nv\.info\.(\w+)")
     for name in B.MAIN_NAMES.values():
         params = {int(o, 16): int(s, 16) for o, s in
                   re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
         assert params == {0: 128, 1: 128, 2: 128, 3: 128, 4: 8, 5: 8, 6: 8, 7: 8, 8: 8, 9: 8, 10: 4, 11: 4, 12: 4,
-                          13: 4, 14: 4}, f"{name}: {params}"
+                          13: 4, 14: 4, 15: 4, 16: 4}, f"{name}: {params}"
 
 
 def test_constants_agree_with_the_kernel():
