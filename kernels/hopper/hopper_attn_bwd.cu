@@ -5,7 +5,8 @@
 //   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
 //   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). The mask is a band,
 //   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
-//   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout.
+//   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout. ALIBI adds
+//   - slope |j - c| to each scaled score (no gradient to the slopes).
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
@@ -52,19 +53,20 @@
 //       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
-//       float scale, int left, int right, int group)   maps: (D, T, B H) 16-bit tensors (k, v: B Hkv, H / group),
-//       boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale
-//       (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band (Tq + Tk: unbounded);
-//       group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads); turns: used only by the
-//       DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left unbounded)
+//       float scale, int left, int right, int group, const float* alibi_log2)   maps: (D, T, B H) 16-bit tensors
+//       (k, v: B Hkv, H / group), boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle;
+//       scale: the softmax scale (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band
+//       (Tq + Tk: unbounded); group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads);
+//       turns: used only by the DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left
+//       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
 //       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P 1 (b. once
-//   S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1 (dQ_part waited for
-//   first, e. while dK, dV run); see accumulate.
+//   DETERMINISTIC 0 and ALIBI 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
+//   EARLY_P 1 (b. once S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1
+//   (dQ_part waited for first, e. while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -98,6 +100,9 @@
 #endif
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0    // 1: dQ's key-tile parts added in a fixed order (bitwise repeatable dQ); its own build
+#endif
+#ifndef ALIBI
+#define ALIBI 0            // 1: ALiBi, - slope log2 e |j - c| added to each score's exponent; a build of its own
 #endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
@@ -189,6 +194,7 @@ struct Problem {
     int m_first, m_end;        // the query tiles this key tile meets: m_first .. m_end - 1
     int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
+    float alibi;               // ALIBI: this head's slope log2 e
 };
 
 // The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + diag + right >= k0
@@ -284,10 +290,12 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * i + 2 * h + e;
-                float p = exp2_ftz(fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x)));
+                const int q = q0 + 8 * i + 2 * t + e;
+                const int c = q + pb.diag;  // the query's position among the keys
+                float x = fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
+                if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - c)), x);
+                float p = exp2_ftz(x);
                 if (MASK) {
-                    const int q = q0 + 8 * i + 2 * t + e;
-                    const int c = q + pb.diag;  // the query's position among the keys
                     const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | (key[h] > c + pb.right) |
                                         (key[h] < c - pb.left);
                     p = hidden ? 0.0f : p;
@@ -599,7 +607,7 @@ template <int D, bool BF16>
 DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
-                               int left, int right, int group) {
+                               int left, int right, int group, const float* alibi_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -622,6 +630,7 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
+    pb.alibi = ALIBI ? alibi_log2[pb.bh] : 0.0f;
     const u32 raw = smem_addr(smem_raw);
     const u32 base = (raw + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
     const Smem<T> sm{base, smem_raw + (base - raw), &kv_full, q_full, q_empty};
@@ -721,9 +730,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
-    int left, int right, int group
+    int left, int right, int group, const float* alibi_log2
 #define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
-    right, group
+    right, group, alibi_log2
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {

@@ -28,7 +28,8 @@ from . import hopper_attn, hopper_gemm
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
-from ..flash.flash2_mma import validate_variant_problem, variant_spec  # the checks of the forward's variants
+from ..flash.flash2_mma import (check_variant_arrays, validate_variant_problem,  # the checks of the forward's variants
+                                variant_spec)
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
 HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
@@ -104,20 +105,22 @@ def schedule() -> dict:
     return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
 
 
-def build_defines(deterministic: bool) -> tuple:
-    """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK and the schedule switches."""
-    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule())
+def build_defines(deterministic: bool, alibi: bool = False) -> tuple:
+    """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK, the schedule switches and, for the
+    ALiBi build only, ALIBI=1 (the other builds keep the defines, and so the machine code, they had before it)."""
+    extra = defines_from(ALIBI=1) if alibi else ()
+    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule()) + extra
 
 
-def kernels(dtype: str, d: int, deterministic: bool, dev: int):
+def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
     DQ_BULK and the schedule switches are read per call."""
     switches = schedule()
-    defines = build_defines(deterministic)
+    defines = build_defines(deterministic, alibi)
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), DQ_BULK, *switches.values(), dev)
+    key = (dtype, d, bool(deterministic), bool(alibi), DQ_BULK, *switches.values(), dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
@@ -137,7 +140,8 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
                          f"in 16-byte vectors)")
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None):
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None,
+             alibi_slopes=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
@@ -147,7 +151,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's dQ).
     dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). window: (left, right),
     each an int >= 0 or None, the sliding window of hopper_attn.forward (reference.variants' band; not with
-    deterministic=True when left is bounded: a query tile's key tiles then do not start at 0). Raises TypeError /
+    deterministic=True when left is bounded: a query tile's key tiles then do not start at 0). alibi_slopes: (H,)
+    float32, as the forward takes them (a build of its own, -D ALIBI=1). Raises TypeError /
     ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
     capability 9.x).
     """
@@ -171,7 +176,11 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     check_grid(n_count * BH, WHAT)
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dtype = q.dtype.name
-    pre, main, post = kernels(dtype, d, deterministic, dev)
+    alibi = alibi_slopes is not None
+    if alibi:  # (H,) float32 on this device, as the forward takes them; then slope log2 e per (batch, head)
+        check_variant_arrays(None, None, alibi_slopes, B, H, Tq, Tk, dev)
+        alibi_log2 = cp.tile(alibi_slopes * np.float32(LOG2E), B)
+    pre, main, post = kernels(dtype, d, deterministic, dev, alibi)
 
     Tq_pad = padded_rows(Tq, d)
     m_count = Tq_pad // BLOCK_M[d]
@@ -195,13 +204,14 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, BLOCK_N)
     main((n_count * BH,), (THREADS,),
          (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk_out, dv_out, np.int32(Tq), np.int32(Tk),
-          np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group)),
+          np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group),
+          alibi_log2 if alibi else NULL),
          shared_mem=smem_bytes(d))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
          (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
     if group > 1:
-        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic), arch=ARCH)
+        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic, alibi), arch=ARCH)
         pairs = k.size // 2
         for part, out in ((dk_out, dk), (dv_out, dv)):
             reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
