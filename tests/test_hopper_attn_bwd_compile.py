@@ -190,13 +190,13 @@ def test_register_budget_and_no_local_memory(cubin, cuobjdump):
 
 def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
     """map_q, map_k, map_v, map_do by value, then lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale,
-    causal."""
+    left, right, group, alibi_log2."""
     info = _per_function(_run(cuobjdump, "-elf", str(cubin)), r"^\.nv\.info\.(\w+)")
     for name in B.MAIN_NAMES.values():
         params = {int(o, 16): int(s, 16) for o, s in
                   re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
         assert params == {0: 128, 1: 128, 2: 128, 3: 128, 4: 8, 5: 8, 6: 8, 7: 8, 8: 8, 9: 8, 10: 4, 11: 4, 12: 4,
-                          13: 4, 14: 4}, f"{name}: {params}"
+                          13: 4, 14: 4, 15: 4, 16: 4, 17: 8}, f"{name}: {params}"
 
 
 def test_constants_agree_with_the_kernel():
@@ -237,3 +237,19 @@ def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
     assert "warning" not in res.stderr.lower(), res.stderr  # ptxas warns here when it serializes wgmma
     kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES) + len(B.REDUCE_NAMES)
     assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == kernels, res.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_alibi_build_sm90a_without_spills(tmp_path):
+    """The ALiBi build (-D ALIBI=1, the launcher's build_defines(..., alibi=True)): every kernel without spills, the
+    main ones at the 168 registers setmaxnreg's budget assumes."""
+    cu = core.kernel_path(B.KERNEL_FILE)
+    defines = [x for x in B.build_defines(False, alibi=True) if x.startswith("-D")]
+    assert "-DALIBI=1" in defines and "-DALIBI=1" not in B.build_defines(False)
+    cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
+           *defines, "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    kernels = len(B.MAIN_NAMES) + len(B.PRE_NAMES) + len(B.POST_NAMES) + len(B.REDUCE_NAMES)
+    assert res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == kernels, res.stderr
+    assert res.stderr.count("Used 168 registers") == len(B.MAIN_NAMES), res.stderr

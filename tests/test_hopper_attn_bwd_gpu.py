@@ -11,8 +11,8 @@ CONTRIBUTING.md's table), as for the mma.sync backward in tests/test_torch_ops_g
 for bit over three runs. Every mix of the schedule switches (EARLY_P, EARLY_KV, DQ_FIRST: the same products, only
 the waits moved) matches the reference on causal, ring-wrapping and many-key-tile cases, in the bulk, deterministic
 and atomics builds, and gives the default schedule's gradients bit for bit (dk, dv always, dq in the deterministic
-build). Grouped-query heads (k, v with fewer heads) against reference.variants. Needs compute capability 9.x;
-skipped elsewhere with the reason.
+build). Grouped-query heads (k, v with fewer heads), windows and ALiBi against reference.variants. Needs compute
+capability 9.x; skipped elsewhere with the reason.
 """
 
 import functools
@@ -218,6 +218,68 @@ def test_grouped_heads_match_reference(hopper, poison, case):
         assert res.ok, f"{name}: {res.detail()}"
 
 
+# (B, H, Hkv, Tq, Tk, d, causal, window, dtype, deterministic): the band (reference.variants' window)
+WINDOWS = [
+    (1, 2, 2, 300, 400, 64, True, (100, 0), "float16", False),      # causal window: both edges of the band
+    (1, 2, 2, 520, 520, 128, True, (130, None), "bfloat16", False),  # query tiles before the band never visit
+    (1, 2, 2, 200, 333, 128, False, (50, 70), "float16", False),    # a band on both sides, not causal
+    (1, 1, 1, 300, 100, 64, True, (20, 0), "float16", False),       # Tq > Tk: 200 rows see no key
+    (1, 2, 2, 700, 650, 64, False, (None, 40), "bfloat16", True),   # right side only: deterministic allowed
+    (1, 4, 2, 260, 390, 64, True, (64, 0), "float16", False),       # with grouped-query heads
+]
+
+
+@pytest.mark.parametrize("case", WINDOWS, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_window_matches_reference(hopper, poison, case):
+    """window=(left, right): the band of the forward's variant entry points, against
+    reference.variants.attention_variant_backward; key tiles that no query sees write dk = dv = 0."""
+    from reference.variants import attention_variant_backward
+
+    cp = hopper
+    Bn, Hq, Hkv, Tq, Tk, d, causal, window, dtype, deterministic = case
+    rng = np.random.default_rng(Tq + Tk + d)
+    host = [rng.standard_normal(shape).astype(dtype) for shape in
+            ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
+    q, k, v, do = (cp.asarray(x) for x in host)
+    o, lse = A.forward(q, k, v, causal=causal, window=window, return_lse=True)
+    grads = B.backward(q, k, v, o, lse, do, causal=causal, window=window, deterministic=deterministic)
+    refs = attention_variant_backward(*(x.astype(np.float64) for x in host), causal=causal, window=window)
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+
+
+# (B, Hq, Hkv, Tq, Tk, d, causal, window, dtype): ALiBi (the -D ALIBI=1 build), alone and with the other variants
+ALIBI = [
+    (1, 4, 4, 300, 400, 64, True, None, "float16"),       # causal
+    (1, 2, 2, 200, 333, 128, False, None, "bfloat16"),    # not causal: the bias on both sides of the diagonal
+    (1, 4, 2, 260, 390, 128, True, (64, 0), "float16"),   # with a window and grouped-query heads
+]
+
+
+@pytest.mark.parametrize("case", ALIBI, ids=lambda c: "-".join(map(str, c)).replace(" ", ""))
+def test_alibi_matches_reference(hopper, poison, case):
+    """alibi_slopes (one per query head): - slope |j - c| in each score, against
+    reference.variants.attention_variant_backward, with o and lse from the forward's ALiBi entry point."""
+    from reference.variants import attention_variant_backward
+
+    cp = hopper
+    Bn, Hq, Hkv, Tq, Tk, d, causal, window, dtype = case
+    rng = np.random.default_rng(Tq + Tk + d + 1)
+    host = [rng.standard_normal(shape).astype(dtype) for shape in
+            ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
+    slopes = (2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)).astype(np.float32)
+    q, k, v, do = (cp.asarray(x) for x in host)
+    opts = dict(causal=causal, window=window, alibi_slopes=cp.asarray(slopes))
+    o, lse = A.forward(q, k, v, return_lse=True, **opts)
+    grads = B.backward(q, k, v, o, lse, do, **opts)
+    refs = attention_variant_backward(*(x.astype(np.float64) for x in host), causal=causal, window=window,
+                                      alibi_slopes=slopes.astype(np.float64))
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+
+
 def test_errors(hopper):
     cp = hopper
     (q, k, v, do), _ = _problem(cp, 1, 1, 64, 64, 64, "float16", 1.0)
@@ -242,6 +304,12 @@ def test_errors(hopper):
     k2 = cp.zeros((1, 2, 64, 64), cp.float16)
     with pytest.raises(ValueError, match="multiple of Hkv"):
         B.backward(q3, k2, k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
+    with pytest.raises(ValueError, match="deterministic"):
+        B.backward(q, k, v, o, lse, do, causal=True, window=(16, 0), deterministic=True)
+    with pytest.raises(ValueError, match="window"):
+        B.backward(q, k, v, o, lse, do, window=(-1, 0))
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        B.backward(q, k, v, o, lse, do, alibi_slopes=cp.zeros(3, cp.float32))
     with pytest.raises(ValueError, match="same shape"):
         B.backward(q3, k2[:, :1].copy(), k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
 

@@ -3,15 +3,17 @@
 //
 // What it computes: dQ, dK, dV of o = softmax(scale q k^T + mask) v (hopper_attn.cu's contract) given o, its lse
 //   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
-//   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). Causal masking is
-//   bottom-right aligned (query i sees key j when j <= i + Tk - Tq); a row that sees no key has P = 0 throughout.
+//   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). The mask is a band,
+//   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
+//   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout. ALIBI adds
+//   - slope |j - c| to each scaled score (no gradient to the slopes).
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
 //      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
-//      m_count - 1 (causal: from the first tile that sees a key of the CTA) Q_m and dO_m into a STAGES-slot ring
+//      m_end - 1 (the tiles that see a key of the CTA: query_tiles) Q_m and dO_m into a STAGES-slot ring
 //      (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK and dV in
 //      registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a thread,
 //      while a. runs) into one of two row buffers:
@@ -29,8 +31,8 @@
 //      dQ_part: BLOCK_M = 128 (D = 64): consumer c takes query rows 64 c .. + 63, all D columns; BLOCK_M = 64
 //      (D = 128): all rows, columns 64 c .. + 63. Either way 64 x 64 per warpgroup, over the CTA's 128 keys.
 //   3. hopper_bwd_postprocess  dq = scale dQ_acc in 16 bits, rows and columns back from the fragment order.
-//   4. hopper_bwd_reduce_heads  k, v of Hkv < H heads only: the launcher runs 1.-3. on k, v repeated to H heads;
-//      dK, dV of kv head j = the float32 sum of its group's H / Hkv query heads' 16-bit parts, rounded once.
+//   4. hopper_bwd_reduce_heads  k, v of Hkv < H heads only (2. reads kv head h / group and writes each query
+//      head's dK, dV part): dK, dV of kv head j = the float32 sum of its group's 16-bit parts, rounded once.
 //
 // Layouts: q, o, do, dq (B, H, Tq, D), k, v, dk, dv (B, H, Tk, D), 16-bit, row-major. Workspace (float32 unless said;
 //   Tq_pad = m_count BLOCK_M, m_count = ceil(Tq / BLOCK_M)): dq_acc (B H m_count, BLOCK_M D: one block per query
@@ -51,17 +53,20 @@
 //       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
-//       float scale, int causal)   maps: (D, T, B H) 16-bit tensors, boxes of 64 columns x BLOCK_M (q, do) or
-//       BLOCK_N (k, v) rows, 128-byte swizzle; scale: the softmax scale (any finite value, negative too);
-//       scale_log2 = scale log2 e; causal 0 or 1; turns: used only by the DETERMINISTIC = 1 build
+//       float scale, int left, int right, int group, const float* alibi_log2)   maps: (D, T, B H) 16-bit tensors
+//       (k, v: B Hkv, H / group), boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle;
+//       scale: the softmax scale (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band
+//       (Tq + Tk: unbounded); group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads);
+//       turns: used only by the DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left
+//       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
 //       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 (1: a build of its own); the schedule, 0 or 1 each, any mix, the same results: EARLY_P 1 (b. once
-//   S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1 (dQ_part waited for
-//   first, e. while dK, dV run); see accumulate.
+//   DETERMINISTIC 0 and ALIBI 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
+//   EARLY_P 1 (b. once S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1
+//   (dQ_part waited for first, e. while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -95,6 +100,9 @@
 #endif
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0    // 1: dQ's key-tile parts added in a fixed order (bitwise repeatable dQ); its own build
+#endif
+#ifndef ALIBI
+#define ALIBI 0            // 1: ALiBi, - slope log2 e |j - c| added to each score's exponent; a build of its own
 #endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
@@ -179,16 +187,22 @@ template <class T> struct Smem {
 
 // What every thread of a CTA knows about its problem.
 struct Problem {
-    int Tq, Tk, diag, causal;  // query i sees key j when j < Tk and (not causal or j <= i + diag), diag = Tk - Tq
+    int Tq, Tk, diag;          // query i sees key j < Tk when c - left <= j <= c + right, c = i + diag, diag = Tk - Tq
+    int left, right;           // the band (causal: right = 0; an unbounded side is Tq + Tk, which no position reaches)
     int bh, n, k0;             // (batch, head), the key tile and its first key
-    int m_first, m_count;      // the query tiles this key tile meets
+    int kv_bh;                 // the (batch, kv head) of k and v this head reads: bh / group
+    int m_first, m_end;        // the query tiles this key tile meets: m_first .. m_end - 1
+    int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
+    float alibi;               // ALIBI: this head's slope log2 e
 };
 
-// The first query tile that sees a key of the tile starting at k0: under the causal mask the first query to see key
-// k0 is k0 - (Tk - Tq). Producer and consumers both use it, so they agree on the ring's turns.
-template <int BLOCK_M> DEVICE int first_query_tile(int k0, int Tq, int Tk, int causal) {
-    return causal ? max(0, k0 - (Tk - Tq)) / BLOCK_M : 0;
+// The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + diag + right >= k0
+// and i + diag - left <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
+template <int BLOCK_M> DEVICE void query_tiles(Problem& pb) {
+    pb.m_first = max(0, pb.k0 - pb.diag - pb.right) / BLOCK_M;
+    const int last = pb.k0 + BLOCK_N - 1 - pb.diag + pb.left;  // the last query that sees a key of the tile
+    pb.m_end = last < 0 ? 0 : min(pb.m_count, last / BLOCK_M + 1);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -212,11 +226,11 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
 #pragma unroll
     for (int h = 0; h < T::HALVES; ++h) {
         const u32 half = h * BLOCK_N * SWIZZLE_BYTES;
-        tma_load_3d(sm.sK() + half, map_k, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
-        tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.bh, smem_addr(sm.kv_full));
+        tma_load_3d(sm.sK() + half, map_k, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
+        tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_count; ++m) {
+    for (int m = pb.m_first; m < pb.m_end; ++m) {
         mbar_wait(smem_addr(&sm.q_empty[pos.s]), pos.phase ^ 1);
         const u32 bar = smem_addr(&sm.q_full[pos.s]);
         mbar_arrive_expect_tx(bar, T::TX_BYTES);
@@ -261,7 +275,7 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
 }
 
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
-// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or (causal) key > query + diag; a select,
+// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or key is outside the band; a select,
 // not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
@@ -276,10 +290,14 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * i + 2 * h + e;
-                float p = exp2_ftz(fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x)));
+                const int q = q0 + 8 * i + 2 * t + e;
+                const int c = q + pb.diag;  // the query's position among the keys
+                float x = fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
+                if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - c)), x);
+                float p = exp2_ftz(x);
                 if (MASK) {
-                    const int q = q0 + 8 * i + 2 * t + e;
-                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | ((pb.causal != 0) & (key[h] > q + pb.diag));
+                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | (key[h] > c + pb.right) |
+                                        (key[h] < c - pb.left);
                     p = hidden ? 0.0f : p;
                 }
                 if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
@@ -491,15 +509,15 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
     float acc_dk[T::KV_ACC], acc_dv[T::KV_ACC];
 #pragma unroll
     for (int i = 0; i < T::KV_ACC; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
-    if (pb.m_first < pb.m_count) {
+    if (pb.m_first < pb.m_end) {
         store_row_value(sm, 0, fetch_row_value<T>(lse2, delta, pb, pb.m_first));
         named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
         mbar_wait(smem_addr(sm.kv_full), 0);
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_count; ++m) {
+    for (int m = pb.m_first; m < pb.m_end; ++m) {
         const int q0 = m * T::BLOCK_M, buf = (m - pb.m_first) & 1;
-        const bool more = m + 1 < pb.m_count;
+        const bool more = m + 1 < pb.m_end;
         const float next_row_value = more ? fetch_row_value<T>(lse2, delta, pb, m + 1) : 0.0f;
         mbar_wait(smem_addr(&sm.q_full[pos.s]), pos.phase);
         // ---- a. S^T = K_c Q^T and dP^T = V_c dO^T ----
@@ -509,9 +527,10 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         wgmma_wait<EARLY_P ? 1 : 0>();  // EARLY_P: S^T alone
         wgmma_pin(acc_s);
         if constexpr (!EARLY_P) wgmma_pin(acc_dp);
-        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or the causal diagonal test each entry ----
+        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or an edge of the band test each entry ----
         const float* rows = sm.rows(buf);
-        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || (pb.causal && k_last > q0 + pb.diag);
+        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || k_last > q0 + pb.diag + pb.right ||
+                          k_last - (WGMMA_M - 1) < q0 + T::BLOCK_M - 1 + pb.diag - pb.left;
         if (mask)
             probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
@@ -588,7 +607,7 @@ template <int D, bool BF16>
 DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
-                               int causal) {
+                               int left, int right, int group, const float* alibi_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -602,13 +621,16 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.Tq = Tq;
     pb.Tk = Tk;
     pb.diag = Tk - Tq;
-    pb.causal = causal;
+    pb.left = left;
+    pb.right = right;
     pb.n = blockIdx.x % n_count;
     pb.bh = blockIdx.x / n_count;
+    pb.kv_bh = pb.bh / group;  // b H + h over group = b Hkv + h / group, as H = Hkv group
     pb.k0 = pb.n * BLOCK_N;
     pb.m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
+    pb.alibi = ALIBI ? alibi_log2[pb.bh] : 0.0f;
     const u32 raw = smem_addr(smem_raw);
     const u32 base = (raw + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
     const Smem<T> sm{base, smem_raw + (base - raw), &kv_full, q_full, q_empty};
@@ -626,11 +648,11 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     const int warpgroup = threadIdx.x / WARPGROUP;
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
-        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);  // here: not held across setmaxnreg
-        if (threadIdx.x == 0 && pb.m_first < pb.m_count) produce(sm, pb, map_q, map_k, map_v, map_do);
+        query_tiles<T::BLOCK_M>(pb);  // here: not held across setmaxnreg
+        if (threadIdx.x == 0 && pb.m_first < pb.m_end) produce(sm, pb, map_q, map_k, map_v, map_do);
     } else {
         regs_increase<T::CONSUMER_REGS>();
-        pb.m_first = first_query_tile<T::BLOCK_M>(pb.k0, Tq, Tk, causal);
+        query_tiles<T::BLOCK_M>(pb);
         consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
     }
 #else
@@ -676,9 +698,9 @@ DEVICE void postprocess(const float* __restrict__ dq_acc, u16* __restrict__ dq, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel 4, grouped-query heads only: the main kernel ran on k, v repeated to Hq heads, so each query head has its own
-// part of dK and dV (rounded to 16 bits); kv head j's gradient is the float32 sum of the parts of query heads
-// j group .. j group + group - 1, rounded once. Two columns per step of a grid-stride loop.
+// Kernel 4, grouped-query heads only: the main kernel wrote each query head's part of dK and dV (rounded to 16 bits);
+// kv head j's gradient is the float32 sum of the parts of query heads j group .. j group + group - 1, rounded once.
+// Two columns per step of a grid-stride loop.
 // ---------------------------------------------------------------------------------------------
 template <bool BF16>
 DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, long long pairs, long long head_pairs,
@@ -708,8 +730,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
-    int causal
-#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, causal
+    int left, int right, int group, const float* alibi_log2
+#define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
+    right, group, alibi_log2
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {

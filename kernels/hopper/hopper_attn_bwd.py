@@ -13,8 +13,9 @@ header has the algorithm; kernels/hopper/README.md ("The backward") the design a
 Same contract as flash2_mma_bwd.backward, for d = 64 or 128 only, and any finite scale (negative too, as the
 forward). deterministic=True uses the build compiled with -D DETERMINISTIC=1: the key tiles add their parts of dQ in
 a fixed order, one after the other per query tile, so dq is bitwise repeatable (dk and dv always are).
-k and v may have fewer heads than q (grouped-query attention, Hq a multiple of Hkv): dk and dv then have k's shape,
-each the sum over the query heads that read its kv head (hopper_bwd_reduce_heads, in float32).
+k and v may have fewer heads than q (grouped-query attention, Hq a multiple of Hkv): the main kernel reads kv head
+h / group for query head h and writes each query head's dK, dV part; dk and dv (k's shape) are their sums over each
+kv head's group (hopper_bwd_reduce_heads, in float32).
 On a Hopper, the PyTorch attention operator's backward runs this kernel at d = 64 and 128
 (kernels/pytorch/torch_ops.py).
 """
@@ -27,7 +28,8 @@ from . import hopper_attn, hopper_gemm
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
-from ..flash.flash2_mma import validate_variant_problem  # the grouped-query checks of the forward's variants
+from ..flash.flash2_mma import (check_variant_arrays, validate_variant_problem,  # the checks of the forward's variants
+                                variant_spec)
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
 HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
@@ -103,20 +105,22 @@ def schedule() -> dict:
     return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
 
 
-def build_defines(deterministic: bool) -> tuple:
-    """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK and the schedule switches."""
-    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule())
+def build_defines(deterministic: bool, alibi: bool = False) -> tuple:
+    """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK, the schedule switches and, for the
+    ALiBi build only, ALIBI=1 (the other builds keep the defines, and so the machine code, they had before it)."""
+    extra = defines_from(ALIBI=1) if alibi else ()
+    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule()) + extra
 
 
-def kernels(dtype: str, d: int, deterministic: bool, dev: int):
+def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
     DQ_BULK and the schedule switches are read per call."""
     switches = schedule()
-    defines = build_defines(deterministic)
+    defines = build_defines(deterministic, alibi)
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), DQ_BULK, *switches.values(), dev)
+    key = (dtype, d, bool(deterministic), bool(alibi), DQ_BULK, *switches.values(), dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
@@ -136,7 +140,8 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
                          f"in 16-byte vectors)")
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None):
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None,
+             alibi_slopes=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
@@ -144,17 +149,18 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     hopper_attn.forward(..., return_lse=True) gives it (-inf for a row that sees no key). causal, scale: as in the
     forward (scale defaults to 1/sqrt(d); any finite value, > 0 with grouped heads as in the forward).
     deterministic: dq bitwise repeatable (a build of its own; the key tiles take turns at each query tile's dQ).
-    dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). Raises TypeError /
+    dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). window: (left, right),
+    each an int >= 0 or None, the sliding window of hopper_attn.forward (reference.variants' band; not with
+    deterministic=True when left is bounded: a query tile's key tiles then do not start at 0). alibi_slopes: (H,)
+    float32, as the forward takes them (a build of its own, -D ALIBI=1). Raises TypeError /
     ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
     capability 9.x).
     """
-    if hopper_attn._fewer_kv_heads(q, k):
-        return _backward_grouped(q, k, v, o, lse, do, causal=causal, scale=scale, deterministic=deterministic,
-                                 dlse=dlse)
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
-                                                scale=scale, align=ALIGN)
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS}")
+    B, H, Hkv, Tq, Tk, d, scale = _validate_problem(q, k, v, scale)
+    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window)  # left, right: Tq + Tk if unbounded
+    if deterministic and band.left < Tq + Tk:
+        raise ValueError(f"window={window!r}: deterministic=True needs the window's left side unbounded (None), as "
+                         f"its key tiles take turns from tile 0 at every query tile")
     dev = current_device()
     same = dtype_set((q.dtype.name,))
     _check_like(o, "o", q.shape, same, dev)
@@ -162,15 +168,19 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     _check_like(lse, "lse", (B, H, Tq), F32, dev)
     if dlse is not None:
         _check_like(dlse, "dlse", (B, H, Tq), F32, dev)
-    limit = INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)
+    limit = (INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)) // 3  # the band's bounds (c + right, c - left) in 32 bits
     if max(Tq, Tk) > limit:
         raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
-    BH = B * H
+    BH, group = B * H, H // Hkv
     n_count = ceil_div(Tk, BLOCK_N)
     check_grid(n_count * BH, WHAT)
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dtype = q.dtype.name
-    pre, main, post = kernels(dtype, d, deterministic, dev)
+    alibi = alibi_slopes is not None
+    if alibi:  # (H,) float32 on this device, as the forward takes them; then slope log2 e per (batch, head)
+        check_variant_arrays(None, None, alibi_slopes, B, H, Tq, Tk, dev)
+        alibi_log2 = cp.tile(alibi_slopes * np.float32(LOG2E), B)
+    pre, main, post = kernels(dtype, d, deterministic, dev, alibi)
 
     Tq_pad = padded_rows(Tq, d)
     m_count = Tq_pad // BLOCK_M[d]
@@ -181,6 +191,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     delta = workspace[acc_end + BH * Tq_pad:acc_end + 2 * BH * Tq_pad]
     turns = workspace[acc_end + 2 * BH * Tq_pad:].view(cp.int32)
     dq, dk, dv = cp.empty_like(q), cp.empty_like(k), cp.empty_like(v)
+    parts = (B, H, Tk, d)  # with grouped heads each query head's dK and dV part, summed by reduce_heads
+    dk_out, dv_out = (dk, dv) if group == 1 else (cp.empty(parts, dtype=k.dtype), cp.empty(parts, dtype=v.dtype))
 
     rows = BH * Tq_pad
     pre((check_grid(ceil_div(rows, PRE_WARPS), WHAT),), (32 * PRE_WARPS,),
@@ -188,41 +200,40 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
          np.int32(Tq_pad), np.int64(rows), np.int32(BH * m_count)))
     map_q = hopper_gemm.tensor_map(q, BH, Tq, d, BLOCK_M[d])  # boxes of 64 columns x rows, 128-byte swizzle
     map_do = hopper_gemm.tensor_map(do, BH, Tq, d, BLOCK_M[d])
-    map_k = hopper_gemm.tensor_map(k, BH, Tk, d, BLOCK_N)
-    map_v = hopper_gemm.tensor_map(v, BH, Tk, d, BLOCK_N)
+    map_k = hopper_gemm.tensor_map(k, B * Hkv, Tk, d, BLOCK_N)  # query head h reads kv head h / group
+    map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, BLOCK_N)
     main((n_count * BH,), (THREADS,),
-         (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, np.int32(Tq), np.int32(Tk),
-          np.float32(scale * LOG2E), np.float32(scale), np.int32(bool(causal))), shared_mem=smem_bytes(d))
+         (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk_out, dv_out, np.int32(Tq), np.int32(Tk),
+          np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group),
+          alibi_log2 if alibi else NULL),
+         shared_mem=smem_bytes(d))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
          (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
+    if group > 1:
+        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic, alibi), arch=ARCH)
+        pairs = k.size // 2
+        for part, out in ((dk_out, dk), (dv_out, dv)):
+            reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
+                   (part, out, np.int64(pairs), np.int64(Tk * d // 2), np.int32(group)))
     return dq, dk, dv
 
 
-def _backward_grouped(q, k, v, o, lse, do, **options):
-    """backward() for k, v of Hkv heads, Hq a multiple of Hkv: the three kernels on k and v repeated to Hq heads (query
-    head h reads kv head h // group, as in the forward), each query head's dK, dV written apart, then
-    hopper_bwd_reduce_heads sums each kv head's group in float32. The repeat costs two copies of k and v; a main
-    kernel that read kv head h // group through its tensor maps, as the forward's variant builds do, would not."""
-    # q, k, v and the scale as the forward's grouped entry points check them (scale > 0 there), before any copy
-    B, Hq, Tq, Tk, d, _ = validate_variant_problem(q, k, v, current_device(), options["scale"], WHAT, MAX_D)
-    Hkv = k.shape[1]
+def _validate_problem(q, k, v, scale):
+    """(B, H, Hkv, Tq, Tk, d, scale) of q, k, v: validate_attention's checks, or with k, v of fewer heads the
+    forward's grouped-query checks (scale > 0 there) and H a multiple of Hkv; d one of HEAD_DIMS."""
+    if hopper_attn._fewer_kv_heads(q, k):
+        B, H, Tq, Tk, d, scale = validate_variant_problem(q, k, v, current_device(), scale, WHAT, MAX_D)
+        Hkv = k.shape[1]
+        if H % Hkv:
+            raise ValueError(f"q has {H} heads and k, v have {Hkv}: {WHAT} needs Hq to be a multiple of Hkv")
+    else:
+        B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC,
+                                                    what=WHAT, scale=scale, align=ALIGN)
+        Hkv = H
     if d not in HEAD_DIMS:
         raise ValueError(f"head dimension d={d} is not supported by {WHAT}: d must be one of {HEAD_DIMS}")
-    hopper_gemm.check_hopper()
-    if Hq % Hkv:
-        raise ValueError(f"q has {Hq} heads and k, v have {Hkv}: {WHAT} needs Hq to be a multiple of Hkv")
-    group = Hq // Hkv
-    repeat = (lambda x: cp.repeat(x.view(cp.uint16), group, axis=1).view(x.dtype))  # the bits, in any 16-bit dtype
-    dq, dk_parts, dv_parts = backward(q, repeat(k), repeat(v), o, lse, do, **options)
-    reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[q.dtype.name], defines=build_defines(options["deterministic"]),
-                        arch=ARCH)  # from the module the three kernels came from
-    dk, dv = cp.empty_like(k), cp.empty_like(v)
-    pairs = k.size // 2
-    for parts, out in ((dk_parts, dk), (dv_parts, dv)):
-        reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
-               (parts, out, np.int64(pairs), np.int64(Tk * d // 2), np.int32(group)))
-    return dq, dk, dv
+    return B, H, Hkv, Tq, Tk, d, scale
 
 
 assert hopper_gemm.BLOCK_K * ELEM_BYTES == 128  # tensor_map's box is one 128-byte swizzle row wide
