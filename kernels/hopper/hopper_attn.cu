@@ -13,7 +13,7 @@
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
 // c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent"; or, given tile_counter, w =
-// c and then the next tile no CTA has claimed (atomicAdd), tiles numbered longest first: TileQueue)
+// c and then the next tile no CTA has claimed (atomicAdd), longest first within sections of heads: TileQueue, Work)
 //
 //   producer (warpgroup 0, one thread)              consumer warpgroups 1 .. C (64 query rows each)
 //   for each work tile of this CTA:                 for each work tile of this CTA:
@@ -681,14 +681,24 @@ template <class T> struct Smem {
 // w / m_count: the query tiles of one head are neighbours (they run together and share its K and V in L2), the last
 // (the longest under the causal mask) first. CTA c takes tiles c, c + gridDim.x, ...: one each when the grid has a
 // CTA per tile, several when the launcher makes it persistent (one CTA per SM).
+//
+// The dynamic schedule numbers them longest first within sections of `section` heads (the last section may have
+// fewer): every head's last query tile of the section, then every head's next-to-last, ... The tiles running at once
+// then read the K and V of a section or two, which fit in L2 together (L2_SECTION_BYTES), so a head's K and V are
+// still there when its next query tile runs; numbered longest first across all heads, 132 heads' K and V would have
+// to stay in L2 at once (64 MB at T = 1024, d = 128).
+constexpr int L2_SECTION_BYTES = 16 << 20;  // K and V of a section's heads: a third of the H100's 50 MB L2
+
 template <class T> struct Work {
     int m_count, count;
-    bool longest_first;  // the dynamic schedule's numbering (TileQueue): every head's last query tile first
+    int section;  // the dynamic schedule's heads per section (L2_SECTION_BYTES over 4 Tk D bytes, 1..heads); 0: none
     DEVICE void tile(int w, int& m0, int& bh) const {
-        if (longest_first) {                           // under the causal mask, the later the tile the more keys
-            const int heads = count / m_count;
-            bh = w % heads;
-            m0 = (m_count - 1 - w / heads) * T::BLOCK_M;
+        if (section > 0) {                             // under the causal mask, the later the tile the more keys
+            const int heads = count / m_count, per_section = section * m_count;
+            const int first = w / per_section * section, r = w % per_section;
+            const int in_section = min(section, heads - first);
+            bh = first + r % in_section;
+            m0 = (m_count - 1 - r / in_section) * T::BLOCK_M;
         } else {
             bh = w / m_count;                          // (batch, head) = the tensor maps' third coordinate
             m0 = (m_count - 1 - w % m_count) * T::BLOCK_M;
@@ -977,6 +987,8 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
     // ---- set-up: the work tiles, the shared memory aligned, the barriers initialised ----------------------------
     const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
     const int work_count = m_count * heads;
+    const long long fit = L2_SECTION_BYTES / (4ll * Tk * D);  // Work::section: heads whose K and V fit, 1..heads
+    const int section = fit < 1 ? 1 : fit > heads ? heads : static_cast<int>(fit);
     const u32 base = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
     const int warpgroup = threadIdx.x / WARPGROUP;
     if (threadIdx.x == 0) {
@@ -999,13 +1011,13 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
-        const Work<T> work{m_count, work_count, tile_counter != nullptr};
+        const Work<T> work{m_count, work_count, tile_counter != nullptr ? section : 0};
         const TileQueue queue{tile_counter != nullptr, tile_counter};
         if (threadIdx.x == 0) produce<T, MODS>(sm, work, queue, map_q, map_k, map_v, Tq, Tk, causal, va);
     } else {
         regs_increase<T::CONSUMER_REGS>();
         const Smem<T> sm{base, base + T::Q_BYTES, &q_full, &q_empty, k_full, v_full, k_empty, v_empty};
-        const Work<T> work{m_count, work_count, tile_counter != nullptr};
+        const Work<T> work{m_count, work_count, tile_counter != nullptr ? section : 0};
         const TileQueue queue{tile_counter != nullptr, nullptr};
         consume<T, BF16, MODS>(sm, work, queue, warpgroup - 1, o, lse, Tq, Tk, scale_log2, causal, va);
     }

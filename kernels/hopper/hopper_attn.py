@@ -250,12 +250,13 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
 
     persistent: True launches one CTA per SM, each walking the work tiles (query tile, head, batch) c, c + #SMs, ...;
     False one CTA per work tile, which the GPU hands out to the SMs as they free up. "dynamic": one CTA per SM, each
-    taking the next tile no CTA has taken from a counter in global memory, the tiles numbered longest first (every
-    head's last query tile first): a greedy schedule that balances the causal mask's unequal tiles and, as any
-    persistent launch, loads a CTA's next tile while it finishes the one before (the kernel's TileQueue). Same build,
-    same results. The default (None) is default_launch(d, causal, Tq): True without the causal mask, where every work
-    tile costs the same; with it False, where the fixed round robin would give some SMs only long tiles, except for
-    short sequences at d = 64, which take "dynamic".
+    taking the next tile no CTA has taken from a counter in global memory, the tiles numbered longest first within
+    sections of heads whose K and V fit in L2 together (every such head's last query tile first): a greedy schedule
+    that balances the causal mask's unequal tiles and, as any persistent launch, loads a CTA's next tile while it
+    finishes the one before (the kernel's TileQueue and Work). Same build, same results. The default (None) is
+    default_launch(d, causal, Tq): True without the causal mask, where every work tile costs the same; with it False,
+    where the fixed round robin would give some SMs only long tiles, except for short sequences at d = 64, which take
+    "dynamic".
 
     window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
     kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
