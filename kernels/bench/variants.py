@@ -24,9 +24,10 @@ Implementations (one compare() per T: every (case, implementation) of that T tim
 
 --pass fwd+bwd times the forward and the backward together (one call: o and lse, then dq, dk, dv for a random dO):
 ours are the forward above, then flash2_mma_bwd (its variant kernel for a mask or modifier), or on a Hopper, for the
-plain masks at d = 64 and 128, hopper_attn_bwd; FlexAttention and SDPA through torch.autograd.grad. Its FLOPs are
-3.5 times the forward's (the backward's five products against the forward's two), and our rows are checked on their
-gradients (the worst of dq, dk, dv against torch.autograd on torch_attention in float32).
+plain masks and grouped-query heads at d = 64 and 128, hopper_attn_bwd (our_backward); FlexAttention and SDPA
+through torch.autograd.grad. Its FLOPs are 3.5 times the forward's (the backward's five products against the
+forward's two), and our rows are checked on their gradients (the worst of dq, dk, dv against torch.autograd on
+torch_attention in float32).
 
 Before anything is timed, each of our implementations is checked against a float32 torch computation of the same
 variant (`torch_attention`: the scores, score_mod, mask_mod and softmax written out) at one small shape (CHECK: B=2,
