@@ -709,9 +709,10 @@ template <class T> struct Work {
 // Which work tile a CTA takes after w. Without a counter, w + gridDim.x: the fixed round robin. With one (the dynamic
 // schedule), the producer claims the next tile no CTA has taken (one atomicAdd on the counter, which starts at 0 at
 // launch: tiles gridDim.x, gridDim.x + 1, ... after each CTA's first, blockIdx.x) and hands it to the consumers
-// through a two-slot ring in shared memory (full: the producer's arrival; empty: one arrival per consumer warp). With
-// the tiles numbered longest first (Work), a CTA that finishes early takes the longest tile left: the greedy
-// longest-first schedule, which a fixed round robin misses when m_count and the number of SMs share factors.
+// through a two-slot ring in shared memory (full: the producer's arrival; empty: one arrival per consumer warp, from
+// the lane that read the slot and shuffles it to the others, so that the arrival orders that read). With the tiles
+// numbered longest first (Work), a CTA that finishes early takes the longest tile left: the greedy longest-first
+// schedule, which a fixed round robin misses when m_count and the number of SMs share factors.
 __shared__ alignas(8) u64 tile_full[2];   // the ring (file scope: fixed addresses, no registers to hold them)
 __shared__ alignas(8) u64 tile_empty[2];
 __shared__ int tile_slots[2];              // the next tile, as the producer hands it over
@@ -740,11 +741,13 @@ struct TileQueue {
         if (!dynamic) return w + gridDim.x;
         const u32 s = taken % 2, phase = taken / 2 % 2;
         mbar_wait(smem_addr(&tile_full[s]), phase);
-        const int next = *reinterpret_cast<volatile int*>(&tile_slots[s]);
-        __syncwarp();                                  // every lane has read the slot before lane 0 frees it
-        if (lane == 0) mbar_arrive(smem_addr(&tile_empty[s]));
+        int next = 0;
+        if (lane == 0) {                               // the lane that frees the slot is the one that read it
+            next = *reinterpret_cast<volatile int*>(&tile_slots[s]);
+            mbar_arrive(smem_addr(&tile_empty[s]));
+        }
         ++taken;
-        return next;
+        return __shfl_sync(0xffffffffu, next, 0);
     }
 };
 
