@@ -187,8 +187,9 @@ template <class T> struct Smem {
 
 // What every thread of a CTA knows about its problem.
 struct Problem {
-    int Tq, Tk, diag;          // query i sees key j < Tk when c - left <= j <= c + right, c = i + diag, diag = Tk - Tq
-    int left, right;           // the band (causal: right = 0; an unbounded side is Tq + Tk, which no position reaches)
+    int Tq, Tk, diag;          // diag = Tk - Tq: query i's position among the keys is c = i + diag
+    int lo, hi;                // the band: query i sees key j < Tk when i + lo <= j <= i + hi (lo = diag - left,
+                               // hi = diag + right; causal: right = 0; an unbounded side is Tq + Tk)
     int bh, n, k0;             // (batch, head), the key tile and its first key
     int kv_bh;                 // the (batch, kv head) of k and v this head reads: bh / group
     int m_first, m_end;        // the query tiles this key tile meets: m_first .. m_end - 1
@@ -197,11 +198,11 @@ struct Problem {
     float alibi;               // ALIBI: this head's slope log2 e
 };
 
-// The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + diag + right >= k0
-// and i + diag - left <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
+// The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + hi >= k0 and
+// i + lo <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
 template <int BLOCK_M> DEVICE void query_tiles(Problem& pb) {
-    pb.m_first = max(0, pb.k0 - pb.diag - pb.right) / BLOCK_M;
-    const int last = pb.k0 + BLOCK_N - 1 - pb.diag + pb.left;  // the last query that sees a key of the tile
+    pb.m_first = max(0, pb.k0 - pb.hi) / BLOCK_M;
+    const int last = pb.k0 + BLOCK_N - 1 - pb.lo;  // the last query that sees a key of the tile
     pb.m_end = last < 0 ? 0 : min(pb.m_count, last / BLOCK_M + 1);
 }
 
@@ -275,8 +276,9 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
 }
 
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
-// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk, query >= Tq or key is outside the band; a select,
-// not a product, so an overflowing exponent of a hidden entry cannot leak. key[h]: this thread's two keys.
+// dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk or key is outside the band; a select, not a product,
+// so an overflowing exponent of a hidden entry cannot leak. A padding query row q >= Tq needs no test: its Q and dO
+// rows are TMA's zero fill and its lse2 is +inf, so P^T = 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
@@ -291,13 +293,11 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
             for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * i + 2 * h + e;
                 const int q = q0 + 8 * i + 2 * t + e;
-                const int c = q + pb.diag;  // the query's position among the keys
                 float x = fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
-                if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - c)), x);
+                if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - (q + pb.diag))), x);
                 float p = exp2_ftz(x);
                 if (MASK) {
-                    const bool hidden = (key[h] >= pb.Tk) | (q >= pb.Tq) | (key[h] > c + pb.right) |
-                                        (key[h] < c - pb.left);
+                    const bool hidden = (key[h] >= pb.Tk) | (key[h] > q + pb.hi) | (key[h] < q + pb.lo);
                     p = hidden ? 0.0f : p;
                 }
                 if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
@@ -500,6 +500,9 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
     const int r0 = c * WGMMA_M + 16 * warp + g;                  // this thread's first key row in the CTA's tile
     const int key[2] = {pb.k0 + r0, pb.k0 + r0 + 8};
     const int k_last = pb.k0 + c * WGMMA_M + WGMMA_M - 1;         // the warpgroup's last key
+    // step b tests each entry only in tiles that reach past Tk or an edge of the band (hoisted: fewer live registers)
+    const bool past_tk = k_last >= pb.Tk;
+    const int below = k_last - pb.hi, above = k_last - (WGMMA_M - 1) - (T::BLOCK_M - 1) - pb.lo;
     const u32 sk_rows = sm.sK() + c * WGMMA_M * SWIZZLE_BYTES, sv_rows = sm.sV() + c * WGMMA_M * SWIZZLE_BYTES;
     // this warpgroup's share of dQ_part: A = its 64-query half of sdS, or B = its 64-column half of sK
     const u32 ds_half = T::DQ_SPLIT_ROWS ? c * BLOCK_N * SWIZZLE_BYTES : 0;
@@ -527,11 +530,9 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         wgmma_wait<EARLY_P ? 1 : 0>();  // EARLY_P: S^T alone
         wgmma_pin(acc_s);
         if constexpr (!EARLY_P) wgmma_pin(acc_dp);
-        // ---- b. P^T and dS^T; only tiles that reach past Tq, Tk or an edge of the band test each entry ----
+        // ---- b. P^T and dS^T; the mask only in tiles past Tk (past_tk) or across the band's edges (below, above) ----
         const float* rows = sm.rows(buf);
-        const bool mask = q0 + T::BLOCK_M > pb.Tq || k_last >= pb.Tk || k_last > q0 + pb.diag + pb.right ||
-                          k_last - (WGMMA_M - 1) < q0 + T::BLOCK_M - 1 + pb.diag - pb.left;
-        if (mask)
+        if (past_tk || q0 < below || q0 > above)
             probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
         else
             probabilities<false, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
@@ -621,8 +622,8 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.Tq = Tq;
     pb.Tk = Tk;
     pb.diag = Tk - Tq;
-    pb.left = left;
-    pb.right = right;
+    pb.lo = pb.diag - left;
+    pb.hi = pb.diag + right;
     pb.n = blockIdx.x % n_count;
     pb.bh = blockIdx.x / n_count;
     pb.kv_bh = pb.bh / group;  // b H + h over group = b Hkv + h / group, as H = Hkv group
