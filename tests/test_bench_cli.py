@@ -67,15 +67,19 @@ def test_ncu_backward_profile_groups_the_kernels_by_side_and_head_dim():
 
 
 def test_torch_ops_launch_part_lists_every_launch():
-    """`--parts launch` times the default launch, the round robin and the queue (and at d = 64 the queue with 128-row
-    tiles), and its table has the launch each row's shape defaults to."""
+    """`--parts launch` times the default launch, one CTA per tile (causal), the round robin and the queue (and causal
+    at d = 64 the queue with 128-row tiles), with or without the mask, and its table has each row's mask and the
+    launch its shape defaults to."""
     from kernels.bench import torch_ops as TO
 
     assert list(TO.hopper_launches(None, None, None, 64)) == [
-        "default launch", "persistent=True", "persistent='dynamic'", "persistent='dynamic' tiles=(128, 128, 4)"]
-    assert list(TO.hopper_launches(None, None, None, 128)) == ["default launch", "persistent=True",
+        "default launch", "persistent=False", "persistent=True", "persistent='dynamic'",
+        "persistent='dynamic' tiles=(128, 128, 4)"]
+    assert list(TO.hopper_launches(None, None, None, 128)) == ["default launch", "persistent=False", "persistent=True",
                                                                 "persistent='dynamic'"]
-    row = {"impl": "persistent='dynamic'", "T": 1024, "d": 64, "default launch": "'dynamic'", "kernel ms": 0.065,
-           "TFLOP/s": 265.0, "vs cuDNN": 0.898}
+    assert list(TO.hopper_launches(None, None, None, 64, causal=False)) == ["default launch", "persistent=True",
+                                                                             "persistent='dynamic'"]
+    row = {"impl": "persistent='dynamic'", "T": 1024, "d": 64, "causal": False, "default launch": "'dynamic'",
+           "kernel ms": 0.065, "TFLOP/s": 265.0, "vs cuDNN": 0.898}
     text = TO.summary({"gpu": "H100", "launch": [row]})
-    assert "default launch" in text and "0.898" in text and "'dynamic'" in text
+    assert "default launch" in text and "0.898" in text and "'dynamic'" in text and "False" in text

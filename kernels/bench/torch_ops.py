@@ -25,11 +25,12 @@
    GPU time of one step, `vs cuDNN` and `vs flash` as above.
 5. Host overhead (kernels.host_overhead_us) on a tiny problem: our attention operator, the flash2_mma launcher called
    directly, and torch's own SDPA call.
-6. The Hopper forward's launches under the causal mask (`--parts launch`, not in the default run; on a Hopper):
-   hopper_attn.forward with its default launch (hopper_attn.default_launch), with persistent=True (one CTA per SM,
-   the work tiles in a fixed round robin), with persistent="dynamic" (one CTA per SM taking tiles from a queue,
-   longest first) and at d = 64 the queue with 128-row tiles, beside SDPA's cuDNN forward; `vs cuDNN` as above.
-   What hopper_attn.DYNAMIC_CAUSAL_TQ is set from.
+6. The Hopper forward's launches (`--parts launch`, not in the default run; on a Hopper), under the causal mask or
+   (--launch-masks full) without it: hopper_attn.forward with its default launch (hopper_attn.default_launch), with
+   persistent=False (one CTA per work tile; under the mask only), persistent=True (one CTA per SM, the work tiles in
+   a fixed round robin), persistent="dynamic" (one CTA per SM taking tiles from a queue, longest first) and, causal
+   at d = 64, the queue with 128-row tiles, beside SDPA's cuDNN forward; `vs cuDNN` as above. What
+   hopper_attn.default_launch is set from.
 
     kernel ms        GPU time per call (kernels.benchmark: calls queued back to back behind a hold kernel), the
                      median round of the comparison's ROUNDS rounds (`rounds ms`: the kernel ms of every round)
@@ -233,21 +234,22 @@ def bench_forward(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
     return rows
 
 
-def hopper_launches(q, k, v, d: int) -> dict:
-    """{launch: zero-argument callable}: hopper_attn.forward under the causal mask with each launch (part 6)."""
+def hopper_launches(q, k, v, d: int, causal: bool = True) -> dict:
+    """{launch: zero-argument callable}: hopper_attn.forward with each launch (part 6), with or without the causal
+    mask; the round robin (persistent=True) and, under the mask, one CTA per work tile (persistent=False)."""
     from ..hopper import hopper_attn
 
-    fns = {"default launch": lambda: hopper_attn.forward(q, k, v, causal=True)}
-    for persistent in (True, "dynamic"):
-        fns[f"persistent={persistent!r}"] = (lambda p=persistent: hopper_attn.forward(q, k, v, causal=True,
+    fns = {"default launch": lambda: hopper_attn.forward(q, k, v, causal=causal)}
+    for persistent in ((False, True, "dynamic") if causal else (True, "dynamic")):
+        fns[f"persistent={persistent!r}"] = (lambda p=persistent: hopper_attn.forward(q, k, v, causal=causal,
                                                                                         persistent=p))
-    if d == 64:
+    if d == 64 and causal:
         fns["persistent='dynamic' tiles=(128, 128, 4)"] = (
             lambda: hopper_attn.forward(q, k, v, causal=True, persistent="dynamic", tiles=(128, 128, 4)))
     return fns
 
 
-def bench_launch(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
+def bench_launch(Ts, Ds, bench_kw, dtype: str = "float16", masks=("causal",)) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -259,20 +261,21 @@ def bench_launch(Ts, Ds, bench_kw, dtype: str = "float16") -> list[dict]:
     if device_compute_capability()[0] != 9:
         return [{"impl": "hopper_attn", "note": "not run: the Hopper forward needs compute capability 9.x"}]
     rows = []
-    for T, d in itertools.product(Ts, Ds):
+    for T, d, mask in itertools.product(Ts, Ds, masks):
+        causal = mask == "causal"
         gen = torch.Generator("cuda").manual_seed(T + d)
         q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=getattr(torch, dtype), generator=gen) for _ in range(3))
-        fns = hopper_launches(*(cp.from_dlpack(x) for x in (q, k, v)), d)
+        fns = hopper_launches(*(cp.from_dlpack(x) for x in (q, k, v)), d, causal)
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         fns["sdpa_cudnn"] = cudnn
         times = compare(fns, rounds=ROUNDS, **bench_kw)
         for impl, t in sorted(times.items(), key=lambda x: x[1].ms):
-            rows.append({"impl": impl, "T": T, "d": d, "causal": True,
-                         "default launch": repr(hopper_attn.default_launch(d, True, T)), "kernel ms": t.ms,
-                         "TFLOP/s": t.tflops(attention_flops(B, H, T, T, d, True)),
+            rows.append({"impl": impl, "T": T, "d": d, "causal": causal,
+                         "default launch": repr(hopper_attn.default_launch(d, causal, T)), "kernel ms": t.ms,
+                         "TFLOP/s": t.tflops(attention_flops(B, H, T, T, d, causal)),
                          "vs cuDNN": paired_ratio(t, times["sdpa_cudnn"]), "rounds ms": list(t.rounds)})
         del fns, times
         torch.cuda.empty_cache()
@@ -393,7 +396,7 @@ def bench_host() -> dict:
 
 def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backward", "softmax", "host"),
         command: str | None = None, dtype: str = "float16", dq_atomics: bool = False,
-        bwd_schedules: bool = False) -> dict:
+        bwd_schedules: bool = False, launch_masks=("causal",)) -> dict:
     bench_kw = bench_kw or {}
     result = {"gpu": gpu_name(), "B": B, "H": H, "dtype": dtype, "backward_flops": "2.5 x forward",
               "T": list(Ts), "d": list(Ds), "rounds": ROUNDS, "command": command,
@@ -405,7 +408,7 @@ def run(Ts=TS, Ds=DS, bench_kw=None, out_path: Path | None = None, parts=("backw
     if "train" in parts:
         result["train"] = bench_train(Ts, Ds, bench_kw)
     if "launch" in parts:
-        result["launch"] = bench_launch(Ts, Ds, bench_kw, dtype)
+        result["launch"] = bench_launch(Ts, Ds, bench_kw, dtype, launch_masks)
     if "softmax" in parts:
         result["softmax"] = bench_softmax(bench_kw)
     if "host" in parts:
@@ -426,8 +429,8 @@ def summary(result: dict) -> str:
         parts.append(format_table(result["train"], ["impl", "T", "d", "B", "C", "layers", "kernel ms", "call ms",
                                                     "vs cuDNN", "vs flash", "note"]))
     if "launch" in result:
-        parts.append(format_table(result["launch"], ["impl", "T", "d", "default launch", "kernel ms", "TFLOP/s",
-                                                     "vs cuDNN", "note"]))
+        parts.append(format_table(result["launch"], ["impl", "T", "d", "causal", "default launch", "kernel ms",
+                                                     "TFLOP/s", "vs cuDNN", "note"]))
     if "softmax" in result:
         parts.append(format_table(result["softmax"], ["shape", "direction", "impl", "kernel ms", "call ms", "GB/s",
                                                       "ours faster by", "note"]))
@@ -449,6 +452,8 @@ def main(argv=None) -> int:
     p.add_argument("--bwd-schedules", action="store_true",
                    help="on a Hopper, also the backward's builds of every mix of its schedule switches "
                         "(-D EARLY_P, EARLY_KV, DQ_FIRST)")
+    p.add_argument("--launch-masks", nargs="+", choices=("causal", "full"), default=["causal"],
+                   help="of the launch part: with the causal mask, without it (full), or both")
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench-torch.json")
@@ -458,7 +463,7 @@ def main(argv=None) -> int:
         return missing
     command = " ".join(["python3 -m kernels.bench.torch_ops", *(sys.argv[1:] if argv is None else argv)])
     result = run(args.T, args.d, dict(batches=args.batches, calls=args.calls, warmup=1), args.out, args.parts, command,
-                 args.dtype, args.dq_atomics, args.bwd_schedules)
+                 args.dtype, args.dq_atomics, args.bwd_schedules, args.launch_masks)
     print(summary(result))
     return 0
 
