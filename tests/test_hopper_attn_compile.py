@@ -156,11 +156,12 @@ def test_constants_agree_with_the_kernel():
 
 
 def test_default_launch():
-    """Persistent without the mask; under it the dynamic queue for short sequences at d = 64, else a CTA per tile."""
+    """Persistent without the mask; under it the dynamic queue at d = 64 and 128 on every length, a CTA per tile at
+    d = 256."""
     assert A.default_launch(64, False, 1) is True and A.default_launch(128, False, 10**6) is True
-    assert A.default_launch(64, True, 1) == "dynamic" and A.default_launch(64, True, A.DYNAMIC_CAUSAL_TQ) == "dynamic"
-    assert A.default_launch(64, True, A.DYNAMIC_CAUSAL_TQ + 1) is False
-    assert A.default_launch(128, True, 1) is False and A.default_launch(256, True, 1) is False
+    for d in A.DYNAMIC_CAUSAL_DS:
+        assert A.default_launch(d, True, 1) == "dynamic" and A.default_launch(d, True, 10**6) == "dynamic"
+    assert A.DYNAMIC_CAUSAL_DS == (64, 128) and A.default_launch(256, True, 1) is False
 
 
 def test_registry_entry():

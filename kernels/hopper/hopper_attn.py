@@ -19,8 +19,8 @@ tensor read in boxes of 64 columns x block_m (q) or block_n (k, v) rows with the
 third dimension so that a box hanging over the end of one head reads zeros, not the next head's rows.
 
 The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
-default_tiles); the launch too (default_launch): without the causal mask persistent (one CTA per SM walks the work
-tiles).
+default_tiles); the launch too (default_launch): persistent, one CTA per SM walking the work tiles in a fixed order
+without the causal mask and taking them from a queue, longest first, with it.
 
 The variants of reference/variants.py (forward_variants; forward takes them too): k, v with fewer heads than q
 (grouped-query attention), window=(left, right), prefix, doc_ids_q / doc_ids_k, alibi_slopes and softcap, checked by
@@ -89,18 +89,19 @@ SHORT_CAUSAL_TQ = 1024
 SHORT_CAUSAL_TILES = Tiles(128, 128, 4)
 
 
-# Short causal sequences at d = 64 take their work tiles from the dynamic queue (persistent="dynamic"): with few
-# tiles per SM the order in which the unequal tiles start decides when the last SM finishes. At d = 128, and for longer
-# sequences, one CTA per tile measured faster (kernels/hopper/README.md, "The launch").
-DYNAMIC_CAUSAL_TQ = 2048
+# Under the causal mask the work tiles differ in length; at d = 64 and 128 the dynamic queue (persistent="dynamic",
+# longest first within L2-sized sections of heads) measured at or above the other launches on every length, by most
+# on short sequences (kernels/hopper/README.md, "The launch"). d = 256 was not measured with it: one CTA per tile.
+DYNAMIC_CAUSAL_DS = (64, 128)
 
 
 def default_launch(d: int, causal: bool, Tq: int):
-    """The launch forward() uses when given persistent=None: True (one CTA per SM) without the mask; with it
-    "dynamic" at d = 64 up to DYNAMIC_CAUSAL_TQ query rows and False (one CTA per work tile) otherwise."""
+    """The launch forward() uses when given persistent=None: True (one CTA per SM, the round robin) without the mask;
+    with it "dynamic" at the head sizes of DYNAMIC_CAUSAL_DS and False (one CTA per work tile) at d = 256. Tq is
+    part of the signature for the measurements to come: no launch depends on it today."""
     if not causal:
         return True
-    return "dynamic" if d == 64 and Tq <= DYNAMIC_CAUSAL_TQ else False
+    return "dynamic" if d in DYNAMIC_CAUSAL_DS else False
 
 
 def default_tiles(d: int, causal: bool, Tq: int) -> Tiles:
@@ -254,9 +255,9 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     sections of heads whose K and V fit in L2 together (every such head's last query tile first): a greedy schedule
     that balances the causal mask's unequal tiles and, as any persistent launch, loads a CTA's next tile while it
     finishes the one before (the kernel's TileQueue and Work). Same build, same results. The default (None) is
-    default_launch(d, causal, Tq): True without the causal mask, where every work tile costs the same; with it False,
-    where the fixed round robin would give some SMs only long tiles, except for short sequences at d = 64, which take
-    "dynamic".
+    default_launch(d, causal, Tq): True without the causal mask, where every work tile costs the same; with it
+    "dynamic" at d = 64 and 128, where the fixed round robin would give some SMs only long tiles, and False at
+    d = 256.
 
     window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
     kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
