@@ -168,7 +168,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     _check_like(lse, "lse", (B, H, Tq), F32, dev)
     if dlse is not None:
         _check_like(dlse, "dlse", (B, H, Tq), F32, dev)
-    limit = (INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)) // 3  # the band's bounds (c + right, c - left) in 32 bits
+    limit = (INT32_MAX - 2 * max(BLOCK_M[d], BLOCK_N)) // 3  # the band's bounds (i + lo, i + hi) in 32 bits
     if max(Tq, Tk) > limit:
         raise ValueError(f"Tq={Tq} and Tk={Tk} must be <= {limit} for {WHAT} (32-bit row indices)")
     BH, group = B * H, H // Hkv
