@@ -20,7 +20,7 @@ third dimension so that a box hanging over the end of one head reads zeros, not 
 
 The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
 default_tiles); the launch too (default_launch): persistent, one CTA per SM walking the work tiles in a fixed order
-without the causal mask and taking them from a queue, longest first, with it.
+without the causal mask and taking them from a queue, longest first, with it (at d = 256 one CTA per tile there).
 
 The variants of reference/variants.py (forward_variants; forward takes them too): k, v with fewer heads than q
 (grouped-query attention), window=(left, right), prefix, doc_ids_q / doc_ids_k, alibi_slopes and softcap, checked by
