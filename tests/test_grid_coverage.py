@@ -144,7 +144,7 @@ def test_hopper_grid_keeps_every_schedule_and_build(grids):
     assert {c["lazy"] for c in climbing} == {True, False}
     launches = {c["persistent"] for c in cases(grid, "test_persistent_and_grid_launches_match_reference")}
     assert launches == {True, False, "dynamic"}
-    defaults = {A.default_launch(c[4], c[5], c[2]) for c in default_schedule}
+    defaults = {A.default_launch(c[4], c[5]) for c in default_schedule}
     assert defaults == {True, False, "dynamic"}, f"the default schedule runs the default launches {defaults}"
     other = {tuple(c["tiles"]) for c in cases(grid, "test_other_tilings_match_reference")}
     block_ns = {t[1] for t in other} | {t[1] for _, t in (tiles_of(c) for c in default_schedule)}

@@ -143,14 +143,13 @@ def test_climbing_row_maxima(hopper, poison, lazy, d, causal, climb):
 
 
 def _launch_cases():
-    """By default the launches each case does not get by default (A.default_launch: persistent under the causal
-    mask, a CTA per work tile without it, the dynamic schedule where it is not the default, one CTA per work tile
-    where it is); the default launch is test_schedule_matches_reference's default schedule again (--full-grid)."""
+    """Each case with the launches it does not get by default (A.default_launch); the one it gets by default runs in
+    test_schedule_matches_reference already, so here only under --full-grid."""
     for case, persistent in itertools.product(CASES, [False, True, "dynamic"]):
-        default = persistent != A.default_launch(case[4], case[5], case[2])  # d, causal, Tq
+        is_default = persistent == A.default_launch(case[4], case[5])  # d, causal
         launch = persistent if isinstance(persistent, str) else "persistent" if persistent else "grid"
         yield pytest.param(persistent, case, id=f"{_case_id(case)}-{launch}",
-                           marks=() if default else (pytest.mark.full_grid,))
+                           marks=(pytest.mark.full_grid,) if is_default else ())
 
 
 @pytest.mark.parametrize("persistent,case", list(_launch_cases()))

@@ -274,7 +274,7 @@ def bench_launch(Ts, Ds, bench_kw, dtype: str = "float16", masks=("causal",)) ->
         times = compare(fns, rounds=ROUNDS, **bench_kw)
         for impl, t in sorted(times.items(), key=lambda x: x[1].ms):
             rows.append({"impl": impl, "T": T, "d": d, "causal": causal,
-                         "default launch": repr(hopper_attn.default_launch(d, causal, T)), "kernel ms": t.ms,
+                         "default launch": repr(hopper_attn.default_launch(d, causal)), "kernel ms": t.ms,
                          "TFLOP/s": t.tflops(attention_flops(B, H, T, T, d, causal)),
                          "vs cuDNN": paired_ratio(t, times["sdpa_cudnn"]), "rounds ms": list(t.rounds)})
         del fns, times

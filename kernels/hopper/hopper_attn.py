@@ -89,16 +89,14 @@ SHORT_CAUSAL_TQ = 1024
 SHORT_CAUSAL_TILES = Tiles(128, 128, 4)
 
 
-# Under the causal mask the work tiles differ in length; at d = 64 and 128 the dynamic queue (persistent="dynamic",
-# longest first within L2-sized sections of heads) measured at or above the other launches on every length, by most
-# on short sequences (kernels/hopper/README.md, "The launch"). d = 256 was not measured with it: one CTA per tile.
+# The head sizes whose causal launch is the dynamic queue (persistent="dynamic"); d = 256 keeps one CTA per work
+# tile. Chosen from `python3 -m kernels.bench.torch_ops --parts launch` (kernels/hopper/README.md, "The launch").
 DYNAMIC_CAUSAL_DS = (64, 128)
 
 
-def default_launch(d: int, causal: bool, Tq: int):
+def default_launch(d: int, causal: bool):
     """The launch forward() uses when given persistent=None: True (one CTA per SM, the round robin) without the mask;
-    with it "dynamic" at the head sizes of DYNAMIC_CAUSAL_DS and False (one CTA per work tile) at d = 256. Tq is
-    part of the signature for the measurements to come: no launch depends on it today."""
+    with it "dynamic" at the head sizes of DYNAMIC_CAUSAL_DS and False (one CTA per work tile) at d = 256."""
     if not causal:
         return True
     return "dynamic" if d in DYNAMIC_CAUSAL_DS else False
@@ -255,7 +253,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     sections of heads whose K and V fit in L2 together (every such head's last query tile first): a greedy schedule
     that balances the causal mask's unequal tiles and, as any persistent launch, loads a CTA's next tile while it
     finishes the one before (the kernel's TileQueue and Work). Same build, same results. The default (None) is
-    default_launch(d, causal, Tq): True without the causal mask, where every work tile costs the same; with it
+    default_launch(d, causal): True without the causal mask, where every work tile costs the same; with it
     "dynamic" at d = 64 and 128, where the fixed round robin would give some SMs only long tiles, and False at
     d = 256.
 
@@ -283,7 +281,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     map_k = hopper_gemm.tensor_map(k, BH, Tk, d, tiles.block_n)
     map_v = hopper_gemm.tensor_map(v, BH, Tk, d, tiles.block_n)
     if persistent is None:
-        persistent = default_launch(d, causal, Tq)
+        persistent = default_launch(d, causal)
     grid = min(work, device_info(dev).sm_count) if persistent else work
     counter = cp.zeros(1, dtype=cp.int32) if persistent == "dynamic" else None  # the tiles claimed so far
     kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale)(
