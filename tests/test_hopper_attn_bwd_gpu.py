@@ -280,6 +280,46 @@ def test_alibi_matches_reference(hopper, poison, case):
         assert res.ok, f"{name}: {res.detail()}"
 
 
+# (B, Hq, Hkv, Tq, Tk, d, causal, window, dtype, lengths_q, lengths_k): document masking (the -D DOCS=1 build);
+# lengths: the documents' lengths in order (lengths_k None: the keys' ids are the queries')
+DOCS = [
+    (2, 2, 2, 300, 300, 64, True, None, "float16", (1, 100, 7, 192), None),    # a document of one token
+    (1, 2, 2, 500, 500, 128, False, None, "bfloat16", (130, 130, 240), None),  # not causal: tiles on both sides
+    (1, 4, 2, 260, 390, 128, True, (64, 0), "float16", (60, 200), (90, 300)),  # Tq != Tk, window, grouped heads
+    (1, 2, 2, 200, 333, 64, False, None, "float16", (200,), (100, 233)),       # key tiles no query sees: dk = dv = 0
+]
+
+
+def _doc_ids(Bn, lengths):
+    ids = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    return np.ascontiguousarray(np.broadcast_to(ids, (Bn, len(ids))))
+
+
+@pytest.mark.parametrize("case", DOCS, ids=lambda c: "-".join(map(str, c[:9])).replace(" ", ""))
+def test_docs_match_reference(hopper, poison, case):
+    """doc_ids_q, doc_ids_k: a query sees only keys of its own document; the key tiles skip the query tiles of other
+    documents (flash2_mma's classes at this kernel's tiles), against reference.variants.attention_variant_backward."""
+    from reference.variants import attention_variant_backward
+
+    cp = hopper
+    Bn, Hq, Hkv, Tq, Tk, d, causal, window, dtype, lengths_q, lengths_k = case
+    rng = np.random.default_rng(Tq + Tk + d + 2)
+    host = [rng.standard_normal(shape).astype(dtype) for shape in
+            ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
+    ids_q = _doc_ids(Bn, lengths_q)
+    ids_k = None if lengths_k is None else _doc_ids(Bn, lengths_k)
+    q, k, v, do = (cp.asarray(x) for x in host)
+    opts = dict(causal=causal, window=window, doc_ids_q=cp.asarray(ids_q),
+                doc_ids_k=None if ids_k is None else cp.asarray(ids_k))
+    o, lse = A.forward(q, k, v, return_lse=True, **opts)
+    grads = B.backward(q, k, v, o, lse, do, **opts)
+    refs = attention_variant_backward(*(x.astype(np.float64) for x in host), causal=causal, window=window,
+                                      doc_ids_q=ids_q, doc_ids_k=ids_k)
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+
+
 def test_errors(hopper):
     cp = hopper
     (q, k, v, do), _ = _problem(cp, 1, 1, 64, 64, 64, "float16", 1.0)
@@ -310,6 +350,11 @@ def test_errors(hopper):
         B.backward(q, k, v, o, lse, do, window=(-1, 0))
     with pytest.raises(ValueError, match="alibi_slopes"):
         B.backward(q, k, v, o, lse, do, alibi_slopes=cp.zeros(3, cp.float32))
+    ids = cp.zeros((1, 64), cp.int32)
+    with pytest.raises(ValueError, match="deterministic"):
+        B.backward(q, k, v, o, lse, do, doc_ids_q=ids, deterministic=True)
+    with pytest.raises(ValueError, match="doc_ids_q"):
+        B.backward(q, k, v, o, lse, do, doc_ids_q=cp.zeros((1, 63), cp.int32))
     with pytest.raises(ValueError, match="same shape"):
         B.backward(q3, k2[:, :1].copy(), k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
 

@@ -340,10 +340,10 @@ def unsupported(impl: str, cc: tuple, case: Case) -> str | None:
 
 
 def our_backward(impl: str, case: Case):
-    """The backward after `impl`'s forward: on a Hopper (impl hopper_attn) for the causal mask, the window and ALiBi,
-    grouped-query heads too, at d = 64 and 128 hopper_attn_bwd.backward, otherwise flash2_mma_bwd.backward (its
-    variant kernel for documents or soft-capping); both take the lse of either forward."""
-    plain = not case.docs and case.softcap is None
+    """The backward after `impl`'s forward: on a Hopper (impl hopper_attn) for the causal mask, the window, ALiBi and
+    documents, grouped-query heads too, at d = 64 and 128 hopper_attn_bwd.backward, otherwise flash2_mma_bwd.backward
+    (its variant kernel for soft-capping); both take the lse of either forward."""
+    plain = case.softcap is None
     if impl == "hopper_attn" and plain:
         from ..hopper import hopper_attn_bwd
 

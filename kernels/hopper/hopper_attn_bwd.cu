@@ -6,17 +6,18 @@
 //   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). The mask is a band,
 //   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
 //   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout. ALIBI adds
-//   - slope |j - c| to each scaled score (no gradient to the slopes).
+//   - slope |j - c| to each scaled score (no gradient to the slopes). DOCS: query i sees key j only in the same
+//   document (doc_q[i] == doc_k[j]); a key tile skips the query tiles its class says are EMPTY.
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
 //      (+inf for lse = -inf or a padding row i >= Tq: there P = 2^-inf = 0), a row's worth of dQ_acc zeroed, turns too.
 //   2. hopper_bwd_{f16,bf16}_d{64,128}  one CTA per (key tile n of BLOCK_N = 128 keys from k0 = n BLOCK_N, b h),
 //      n fastest in the grid. Warpgroup 0 (one thread) loads by TMA K, V once, then per query tile m = m_first ..
-//      m_end - 1 (the tiles that see a key of the CTA: query_tiles) Q_m and dO_m into a STAGES-slot ring
-//      (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1), dK and dV in
-//      registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a thread,
-//      while a. runs) into one of two row buffers:
+//      m_end - 1 (the tiles that see a key of the CTA: query_tiles; DOCS: not EMPTY, next_query_tile) Q_m and dO_m
+//      into a STAGES-slot ring (q_full / q_empty mbarriers). Warpgroups 1, 2 own keys k0 + 64 c .. + 63 (c = 0, 1),
+//      dK and dV in registers; they load the next tile's lse2, delta rows themselves (fetch_row_value, one float a
+//      thread, while a. runs) into one of two row buffers:
 //        a. S^T = K_c Q_m^T, dP^T = V_c dO_m^T             SS wgmma, m64 x BLOCK_M, K-major both      scores
 //        b. P^T = 2^(S^T scale log2 e - lse2), 0 where masked; dS^T = P^T (dP^T - delta)            probabilities
 //        c. dS^T (16-bit) -> sdS [keys][queries], swizzled; fence.proxy.async                       stash_ds
@@ -39,13 +40,14 @@
 //   tile, in the consumers' fragment order, see add_dq), lse2, delta (B H, Tq_pad), turns (B H m_count int32).
 //   Shared memory (dynamic, aligned to 1024; 16-bit tiles in the 128-byte swizzle of hopper_attn.cu, D = 128 as two
 //   64-column halves): [sK BLOCK_N x D][sV][STAGES x (sQ BLOCK_M x D, sdO)][2 x sdS BLOCK_N x BLOCK_M: one
-//   64-query half after the other][2 x (lse2, delta: BLOCK_M float32 each)][sdQ BLOCK_M D float32 (DQ_BULK)]
+//   64-query half after the other][2 x (lse2, delta: BLOCK_M float32 each)][DOCS: 2 x query doc ids, BLOCK_M int32;
+//   the key tile's doc ids, 128 int32][sdQ BLOCK_M D float32 (DQ_BULK)]
 //
 // Launch: preprocess grid = ceil(B H Tq_pad / PRE_WARPS), block = 32 PRE_WARPS; main grid = ceil(Tk / 128) B H,
 //   block = 384, dynamic shared memory = SMEM_BYTES = 2 BLOCK_N D 2 + STAGES 2 BLOCK_M D 2 + 16 BLOCK_M
 //   + 2 BLOCK_N BLOCK_M 2 + 4 BLOCK_M D + 1024: 199680 (D = 64) and 198656 bytes (D = 128) (DQ_BULK = 0: 32768
-//   less); postprocess and reduce_heads grid = min(ceil(quads or pairs / 256), 8192), block = 256. Registers:
-//   __launch_bounds__(384, 1) = 168; setmaxnreg 24 producer, 240 consumers.
+//   less; DOCS: 8 BLOCK_M + 512 more); postprocess and reduce_heads grid = min(ceil(quads or pairs / 256), 8192),
+//   block = 256. Registers: __launch_bounds__(384, 1) = 168; setmaxnreg 24 producer, 240 consumers.
 //
 // Kernels (extern "C"; u16: the bits of float16, f16, or bfloat16, bf16):
 //   hopper_bwd_preprocess_{f16,bf16}(const u16* o, const u16* dout, const float* lse, const float* dlse,
@@ -53,18 +55,21 @@
 //       int n_turns)   dlse == nullptr: none; d = 64 or 128; padded_rows = B H Tq_pad; n_turns = B H m_count
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
-//       float scale, int left, int right, int group, const float* alibi_log2)   maps: (D, T, B H) 16-bit tensors
+//       float scale, int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,
+//       const signed char* classes, int heads)   maps: (D, T, B H) 16-bit tensors
 //       (k, v: B Hkv, H / group), boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle;
 //       scale: the softmax scale (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band
 //       (Tq + Tk: unbounded); group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads);
 //       turns: used only by the DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left
-//       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only
+//       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only; doc_q (B,
+//       Tq), doc_k (B, Tk), classes (B, m_count, n_count: EMPTY 0, FULL 1, PARTIAL 2 at BLOCK_M x 128), heads = H:
+//       read by the DOCS = 1 build only
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
 //       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0 and ALIBI 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
+//   DETERMINISTIC 0, ALIBI 0 and DOCS 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
 //   EARLY_P 1 (b. once S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1
 //   (dQ_part waited for first, e. while dK, dV run); see accumulate.
 //
@@ -103,6 +108,9 @@
 #endif
 #ifndef ALIBI
 #define ALIBI 0            // 1: ALiBi, - slope log2 e |j - c| added to each score's exponent; a build of its own
+#endif
+#ifndef DOCS
+#define DOCS 0             // 1: document masking (ids per query and key, classes per tile pair); a build of its own
 #endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
@@ -157,7 +165,9 @@ template <int D> struct Shape {
     static constexpr int RING = 2 * KV_BYTES;                           // offsets in the dynamic shared memory
     static constexpr int DS = RING + STAGES * 2 * Q_BYTES;
     static constexpr int ROWS = DS + 2 * DS_BYTES;
-    static constexpr int DQ = ROWS + 2 * 2 * ROW_BYTES;                 // the dQ_part staging tile (DQ_BULK)
+    static constexpr int DOC_ROWS = ROWS + 2 * 2 * ROW_BYTES;           // DOCS: two buffers of query doc ids
+    static constexpr int KEY_DOCS = DOC_ROWS + 2 * ROW_BYTES;           // DOCS: the CTA's BLOCK_N key doc ids
+    static constexpr int DQ = DOC_ROWS + (DOCS ? 2 * ROW_BYTES + BLOCK_N * 4 : 0);  // the dQ_part staging tile
     static constexpr int SMEM_BYTES = DQ + (DQ_BULK ? DQ_BYTES : 0) + SMEM_ALIGN;  // the launcher's request
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "64 or 128 query rows per tile (S^T is one m64nBLOCK_Mk16)");
     static_assert(DQ_COLS == 64, "BLOCK_M = 128 or D = 128: each consumer's share of dQ is 64 x 64");
@@ -183,6 +193,10 @@ template <class T> struct Smem {
     DEVICE float* rows(int b) const {  // buffer b (0, 1) of a query tile's lse2, then delta rows
         return reinterpret_cast<float*>(raw + T::ROWS + b * 2 * T::ROW_BYTES);
     }
+    DEVICE int* doc_rows(int b) const {  // DOCS: buffer b of a query tile's document ids
+        return reinterpret_cast<int*>(raw + T::DOC_ROWS + b * T::ROW_BYTES);
+    }
+    DEVICE int* key_docs() const { return reinterpret_cast<int*>(raw + T::KEY_DOCS); }  // DOCS
 };
 
 // What every thread of a CTA knows about its problem.
@@ -196,7 +210,25 @@ struct Problem {
     int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
     float alibi;               // ALIBI: this head's slope log2 e
+    int n_count;               // DOCS: key tiles per head, the stride of classes along m
 };
+
+// DOCS: the classes of flash2_mma_doc_classes for (query tile m, key tile n) of batch entry b.
+constexpr signed char CLASS_EMPTY = 0, CLASS_PARTIAL = 2;
+struct Docs {                  // the CTA's rows of the DOCS build's arrays (attention_backward offsets them)
+    const int* q;              // doc_q + b Tq: the document id of each query of batch entry b
+    const int* k;              // doc_k + b Tk: of each key
+    const signed char* classes;  // classes + b m_count n_count + n: the CTA's key tile's column, stride n_count
+    DEVICE signed char of(const Problem& pb, int m) const { return __ldg(classes + m * pb.n_count); }
+};
+
+// The first query tile from m on that meets the CTA's key tile: m itself, or under DOCS the first whose class is not
+// EMPTY (m_end if none). Producer and consumers both walk the tiles with it.
+DEVICE int next_query_tile(const Problem& pb, const Docs& docs, int m) {
+    if constexpr (DOCS)
+        while (m < pb.m_end && docs.of(pb, m) == CLASS_EMPTY) ++m;
+    return m;
+}
 
 // The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + hi >= k0 and
 // i + lo <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
@@ -217,8 +249,8 @@ constexpr int BAR_DQ_TURN = 2;
 
 // K and V once; then for each query tile Q and dO (D / 64 boxes each) into the next ring slot.
 template <class T>
-DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q, const TensorMap& map_k,
-                    const TensorMap& map_v, const TensorMap& map_do) {
+DEVICE void produce(const Smem<T>& sm, const Problem& pb, const Docs& docs, const TensorMap& map_q,
+                    const TensorMap& map_k, const TensorMap& map_v, const TensorMap& map_do) {
     prefetch_tensor_map(map_q);
     prefetch_tensor_map(map_k);
     prefetch_tensor_map(map_v);
@@ -231,7 +263,7 @@ DEVICE void produce(const Smem<T>& sm, const Problem& pb, const TensorMap& map_q
         tma_load_3d(sm.sV() + half, map_v, h * SWIZZLE_ELEMS, pb.k0, pb.kv_bh, smem_addr(sm.kv_full));
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_end; ++m) {
+    for (int m = pb.m_first; m < pb.m_end; m = next_query_tile(pb, docs, m + 1)) {
         mbar_wait(smem_addr(&sm.q_empty[pos.s]), pos.phase ^ 1);
         const u32 bar = smem_addr(&sm.q_full[pos.s]);
         mbar_arrive_expect_tx(bar, T::TX_BYTES);
@@ -277,12 +309,20 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
 
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
 // dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk or key is outside the band; a select, not a product,
-// so an overflowing exponent of a hidden entry cannot leak. A padding query row q >= Tq needs no test: its Q and dO
-// rows are TMA's zero fill and its lse2 is +inf, so P^T = 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys.
+// so an overflowing exponent of a hidden entry cannot leak; DOCS: also where the query's document (q_doc, the tile's
+// row buffer) is not the key's (k_docs, the CTA's key buffer; r0: the thread's first key row in the CTA's tile). A
+// padding query row q >= Tq needs no test: its Q and dO rows are TMA's zero fill and its lse2 is +inf, so P^T =
+// 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
-                          const Problem& pb, const int (&key)[2], int q0, int t) {
+                          const Problem& pb, const int (&key)[2], int q0, int t, const int* q_doc,
+                          const int* k_docs, int r0) {
+    int k_doc[2] = {0, 0};  // DOCS: the documents of the thread's two keys, from the CTA's key buffer (k_docs)
+    if constexpr (DOCS && MASK) {  // read on the tiles that test entries only: no registers held across tiles
+#pragma unroll
+        for (int h = 0; h < 2; ++h) k_doc[h] = k_docs[r0 + 8 * h];
+    }
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {                 // query columns 8 i + 2 t, + 1
         const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
@@ -297,7 +337,8 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
                 if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - (q + pb.diag))), x);
                 float p = exp2_ftz(x);
                 if (MASK) {
-                    const bool hidden = (key[h] >= pb.Tk) | (key[h] > q + pb.hi) | (key[h] < q + pb.lo);
+                    bool hidden = (key[h] >= pb.Tk) | (key[h] > q + pb.hi) | (key[h] < q + pb.lo);
+                    if constexpr (DOCS) hidden |= q_doc[8 * i + 2 * t + e] != k_doc[h];
                     p = hidden ? 0.0f : p;
                 }
                 if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
@@ -491,11 +532,25 @@ template <class T> DEVICE void store_row_value(const Smem<T>& sm, int b, float x
     const int ct = threadIdx.x - WARPGROUP;
     if (ct < 2 * T::BLOCK_M) sm.rows(b)[ct] = x;
 }
+// DOCS: the same for the tile's query document ids, consumer threads 0 .. BLOCK_M - 1 (-1 past Tq: no key's id).
+template <class T> DEVICE int fetch_doc_value(const Docs& docs, const Problem& pb, int m) {
+    const int ct = threadIdx.x - WARPGROUP, q = m * T::BLOCK_M + ct;
+    return ct < T::BLOCK_M && q < pb.Tq ? __ldg(docs.q + q) : -1;
+}
+template <class T> DEVICE void store_doc_value(const Smem<T>& sm, int b, int x) {
+    const int ct = threadIdx.x - WARPGROUP;
+    if (ct < T::BLOCK_M) sm.doc_rows(b)[ct] = x;
+}
+// DOCS: the CTA's key document ids into shared memory, once (-2 past Tk, where the keys are masked anyway).
+template <class T> DEVICE void store_key_docs(const Smem<T>& sm, const Docs& docs, const Problem& pb) {
+    const int ct = threadIdx.x - WARPGROUP, j = pb.k0 + ct;
+    if (ct < BLOCK_N) sm.key_docs()[ct] = j < pb.Tk ? __ldg(docs.k + j) : -2;
+}
 
 // One consumer warpgroup c (0 or 1): its 64 keys against every query tile of the CTA, steps a .. e per tile.
 template <class T, bool BF16, bool IN_ORDER>
-DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* lse2, const float* delta, float* dq_acc,
-                    int* turns, u16* dk, u16* dv) {
+DEVICE void consume(const Smem<T>& sm, const Problem& pb, const Docs& docs, int c, const float* lse2,
+                    const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = (threadIdx.x / 32) % 4;
     const int r0 = c * WGMMA_M + 16 * warp + g;                  // this thread's first key row in the CTA's tile
     const int key[2] = {pb.k0 + r0, pb.k0 + r0 + 8};
@@ -514,14 +569,23 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
     for (int i = 0; i < T::KV_ACC; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
     if (pb.m_first < pb.m_end) {
         store_row_value(sm, 0, fetch_row_value<T>(lse2, delta, pb, pb.m_first));
+        if constexpr (DOCS) {
+            store_doc_value(sm, 0, fetch_doc_value<T>(docs, pb, pb.m_first));
+            store_key_docs(sm, docs, pb);
+        }
         named_barrier_sync(BAR_DS_READY, CONSUMER_THREADS);
         mbar_wait(smem_addr(sm.kv_full), 0);
     }
     RingPos<STAGES> pos;
-    for (int m = pb.m_first; m < pb.m_end; ++m) {
-        const int q0 = m * T::BLOCK_M, buf = (m - pb.m_first) & 1;
-        const bool more = m + 1 < pb.m_end;
-        const float next_row_value = more ? fetch_row_value<T>(lse2, delta, pb, m + 1) : 0.0f;
+    for (int m = pb.m_first; m < pb.m_end;) {
+        // the row and dS buffers alternate per tile: the tile's count is m - m_first, or under DOCS (tiles skipped)
+        // STAGES phase + s of the ring position, which has the same parity
+        const int q0 = m * T::BLOCK_M, buf = DOCS ? (STAGES * pos.phase + pos.s) & 1 : (m - pb.m_first) & 1;
+        const bool partial = DOCS && docs.of(pb, m) == CLASS_PARTIAL;  // DOCS: the tile needs the document test
+        const int m_next = DOCS ? next_query_tile(pb, docs, m + 1) : m + 1;
+        const bool more = m_next < pb.m_end;
+        const float next_row_value = more ? fetch_row_value<T>(lse2, delta, pb, m_next) : 0.0f;
+        const int next_doc = DOCS && more ? fetch_doc_value<T>(docs, pb, m_next) : -1;
         mbar_wait(smem_addr(&sm.q_full[pos.s]), pos.phase);
         // ---- a. S^T = K_c Q^T and dP^T = V_c dO^T ----
         float acc_s[T::S_ACC], acc_dp[T::S_ACC];
@@ -532,13 +596,17 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         if constexpr (!EARLY_P) wgmma_pin(acc_dp);
         // ---- b. P^T and dS^T; the mask only in tiles past Tk (past_tk) or across the band's edges (below, above) ----
         const float* rows = sm.rows(buf);
-        if (past_tk || q0 < below || q0 > above)
-            probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+        const int* q_doc = sm.doc_rows(buf);
+        if (past_tk || q0 < below || q0 > above || partial)
+            probabilities<true, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t, q_doc,
+                                         sm.key_docs(), r0);
         else
-            probabilities<false, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t);
+            probabilities<false, EARLY_P>(acc_s, acc_dp, rows, rows + T::BLOCK_M, pb, key, q0, t, q_doc,
+                                          sm.key_docs(), r0);
         // ---- c. 16-bit P^T, dS^T; dS^T into sdS[buf] for both warpgroups ----
         u32 p[T::A_REGS], ds[T::A_REGS];
         if (more) store_row_value(sm, buf ^ 1, next_row_value);  // the next tile's rows, ahead of d.'s dS barrier
+        if (DOCS && more) store_doc_value(sm, buf ^ 1, next_doc);
         if (DQ_BULK && leader) bulk_wait_read<0>();  // the previous tile's reduce has read sdQ: it may be rewritten
         stash_ds<T::S_ACC, BF16>(acc_s, acc_dp, p, ds, sm.sdS(buf), r0, g, t);
         // ---- d. dV += P^T dO, dK += dS^T Q, dQ_part = dS K; the ring slot handed back ----
@@ -552,6 +620,7 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, int c, const float* ls
         pos.advance();
         // ---- e. dQ_acc += dQ_part ----
         if constexpr (!DQ_FIRST) add_dq<T, IN_ORDER>(acc_dq, sm, dq_acc, turns, pb, m, c, leader);
+        m = m_next;
     }
     if (DQ_BULK && leader) bulk_wait<0>();  // sdQ must outlive the last reduce's reads
     store_dk_dv<T, BF16>(acc_dk, acc_dv, dk, dv, pb, key, t);
@@ -608,7 +677,8 @@ template <int D, bool BF16>
 DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, const TensorMap& map_v,
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
-                               int left, int right, int group, const float* alibi_log2) {
+                               int left, int right, int group, const float* alibi_log2, const int* doc_q,
+                               const int* doc_k, const signed char* classes, int heads) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -632,6 +702,10 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
     pb.alibi = ALIBI ? alibi_log2[pb.bh] : 0.0f;
+    pb.n_count = n_count;
+    const long long b = pb.bh / heads;
+    const Docs docs{DOCS ? doc_q + b * Tq : nullptr, DOCS ? doc_k + b * Tk : nullptr,
+                    DOCS ? classes + b * pb.m_count * n_count + pb.n : nullptr};
     const u32 raw = smem_addr(smem_raw);
     const u32 base = (raw + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
     const Smem<T> sm{base, smem_raw + (base - raw), &kv_full, q_full, q_empty};
@@ -650,11 +724,13 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
         query_tiles<T::BLOCK_M>(pb);  // here: not held across setmaxnreg
-        if (threadIdx.x == 0 && pb.m_first < pb.m_end) produce(sm, pb, map_q, map_k, map_v, map_do);
+        pb.m_first = next_query_tile(pb, docs, pb.m_first);
+        if (threadIdx.x == 0 && pb.m_first < pb.m_end) produce(sm, pb, docs, map_q, map_k, map_v, map_do);
     } else {
         regs_increase<T::CONSUMER_REGS>();
         query_tiles<T::BLOCK_M>(pb);
-        consume<T, BF16, DETERMINISTIC != 0>(sm, pb, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
+        pb.m_first = next_query_tile(pb, docs, pb.m_first);
+        consume<T, BF16, DETERMINISTIC != 0>(sm, pb, docs, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
     }
 #else
     __trap();  // built for a target without wgmma/TMA (the launcher builds this file for sm_90a only)
@@ -731,9 +807,10 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
-    int left, int right, int group, const float* alibi_log2
+    int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,                   \
+    const signed char* classes, int heads
 #define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
-    right, group, alibi_log2
+    right, group, alibi_log2, doc_q, doc_k, classes, heads
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {

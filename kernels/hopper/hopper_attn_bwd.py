@@ -28,8 +28,8 @@ from . import hopper_attn, hopper_gemm
 from .hopper_attn import ARCH, LOG2E, MIN_CC  # sm_90a, (9, 0): the forward's
 from ..core import (INT32_MAX, NULL, ceil_div, check_array, check_grid, cp, current_device, defines_from,
                     dtype_set, get_kernel, validate_attention)
-from ..flash.flash2_mma import (check_variant_arrays, validate_variant_problem,  # the checks of the forward's variants
-                                variant_spec)
+from ..flash.flash2_mma import (check_variant_arrays, doc_classes,  # the forward's variant checks and doc classes
+                                validate_variant_problem, variant_spec)
 
 KERNEL_FILE = "hopper_attn_bwd.cu"
 HEAD_DIMS = (64, 128)  # the forward also runs d = 256; this backward does not
@@ -75,13 +75,14 @@ POST_NAMES = {dt: f"hopper_bwd_postprocess_{_TAG[dt]}" for dt in DTYPES}
 REDUCE_NAMES = {dt: f"hopper_bwd_reduce_heads_{_TAG[dt]}" for dt in DTYPES}
 
 
-def smem_bytes(d: int, dq_bulk: int | None = None) -> int:
+def smem_bytes(d: int, dq_bulk: int | None = None, docs: bool = False) -> int:
     """Dynamic shared memory of the main kernel (Shape<D>::SMEM_BYTES): K and V, STAGES x (Q, dO), two dS^T buffers,
-    two buffers of lse2 and delta rows, the float32 dQ staging tile (dq_bulk), alignment slack."""
+    two buffers of lse2 and delta rows (and, in the DOCS build, two of query document ids and the key tile's ids),
+    the float32 dQ staging tile (dq_bulk), alignment slack."""
     bm = BLOCK_M[d]
     dq_bulk = DQ_BULK if dq_bulk is None else dq_bulk
     return (2 * BLOCK_N * d * ELEM_BYTES + STAGES * 2 * bm * d * ELEM_BYTES + 2 * 2 * 4 * bm
-            + 2 * BLOCK_N * bm * ELEM_BYTES + (bm * d * 4 if dq_bulk else 0) + SMEM_ALIGN)
+            + (2 * 4 * bm + 4 * BLOCK_N if docs else 0) + 2 * BLOCK_N * bm * ELEM_BYTES + (bm * d * 4 if dq_bulk else 0) + SMEM_ALIGN)
 
 
 def padded_rows(Tq: int, d: int) -> int:
@@ -105,22 +106,23 @@ def schedule() -> dict:
     return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
 
 
-def build_defines(deterministic: bool, alibi: bool = False) -> tuple:
+def build_defines(deterministic: bool, alibi: bool = False, docs: bool = False) -> tuple:
     """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK, the schedule switches and, for the
-    ALiBi build only, ALIBI=1 (the other builds keep the defines, and so the machine code, they had before it)."""
-    extra = defines_from(ALIBI=1) if alibi else ()
+    ALiBi and document builds only, ALIBI=1 and DOCS=1 (the other builds keep the defines, and so the machine code,
+    they had before them)."""
+    extra = (defines_from(ALIBI=1) if alibi else ()) + (defines_from(DOCS=1) if docs else ())
     return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule()) + extra
 
 
-def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False):
+def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False, docs: bool = False):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
     DQ_BULK and the schedule switches are read per call."""
     switches = schedule()
-    defines = build_defines(deterministic, alibi)
-    main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d),
+    defines = build_defines(deterministic, alibi, docs)
+    main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d, docs=docs),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), bool(alibi), DQ_BULK, *switches.values(), dev)
+    key = (dtype, d, bool(deterministic), bool(alibi), bool(docs), DQ_BULK, *switches.values(), dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
@@ -141,7 +143,7 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None,
-             alibi_slopes=None):
+             alibi_slopes=None, doc_ids_q=None, doc_ids_k=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
@@ -152,15 +154,22 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     dlse: optional float32 (B, H, Tq) gradient of the lse output (it shifts delta by -dlse). window: (left, right),
     each an int >= 0 or None, the sliding window of hopper_attn.forward (reference.variants' band; not with
     deterministic=True when left is bounded: a query tile's key tiles then do not start at 0). alibi_slopes: (H,)
-    float32, as the forward takes them (a build of its own, -D ALIBI=1). Raises TypeError /
+    float32, as the forward takes them (a build of its own, -D ALIBI=1). doc_ids_q (B, Tq), doc_ids_k (B, Tk) int32
+    (doc_ids_k defaults to doc_ids_q when Tq == Tk): document masking as the forward's (a build of its own, -D DOCS=1;
+    flash2_mma's class kernel classifies the (query tile, key tile) pairs first, and a key tile skips the EMPTY ones;
+    not with deterministic=True, whose turns need every key tile at every query tile). Raises TypeError /
     ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
     capability 9.x).
     """
     B, H, Hkv, Tq, Tk, d, scale = _validate_problem(q, k, v, scale)
-    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window)  # left, right: Tq + Tk if unbounded
+    docs = doc_ids_q is not None or doc_ids_k is not None
+    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, docs=docs)  # Tq + Tk if unbounded
     if deterministic and band.left < Tq + Tk:
         raise ValueError(f"window={window!r}: deterministic=True needs the window's left side unbounded (None), as "
                          f"its key tiles take turns from tile 0 at every query tile")
+    if deterministic and docs:
+        raise ValueError("doc_ids_q: deterministic=True does not take document masking, as its key tiles take turns "
+                         "at every query tile and a key tile skips the query tiles of other documents")
     dev = current_device()
     same = dtype_set((q.dtype.name,))
     _check_like(o, "o", q.shape, same, dev)
@@ -177,10 +186,10 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
     dtype = q.dtype.name
     alibi = alibi_slopes is not None
+    doc_ids_q, doc_ids_k = check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B, H, Tq, Tk, dev)
     if alibi:  # (H,) float32 on this device, as the forward takes them; then slope log2 e per (batch, head)
-        check_variant_arrays(None, None, alibi_slopes, B, H, Tq, Tk, dev)
         alibi_log2 = cp.tile(alibi_slopes * np.float32(LOG2E), B)
-    pre, main, post = kernels(dtype, d, deterministic, dev, alibi)
+    pre, main, post = kernels(dtype, d, deterministic, dev, alibi, docs)
 
     Tq_pad = padded_rows(Tq, d)
     m_count = Tq_pad // BLOCK_M[d]
@@ -202,16 +211,20 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     map_do = hopper_gemm.tensor_map(do, BH, Tq, d, BLOCK_M[d])
     map_k = hopper_gemm.tensor_map(k, B * Hkv, Tk, d, BLOCK_N)  # query head h reads kv head h / group
     map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, BLOCK_N)
+    # (B, m_count, n_count) int8 classes at this kernel's tiles: EMPTY pairs skipped, PARTIAL ones tested per entry
+    classes = doc_classes(doc_ids_q, doc_ids_k, B, Tq, Tk, BLOCK_M[d], BLOCK_N) if docs else None
     main((n_count * BH,), (THREADS,),
          (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk_out, dv_out, np.int32(Tq), np.int32(Tk),
           np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group),
-          alibi_log2 if alibi else NULL),
-         shared_mem=smem_bytes(d))
+          alibi_log2 if alibi else NULL, NULL if classes is None else doc_ids_q,
+          NULL if classes is None else doc_ids_k, NULL if classes is None else classes, np.int32(H)),
+         shared_mem=smem_bytes(d, docs=docs))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
          (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
     if group > 1:
-        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic, alibi), arch=ARCH)
+        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic, alibi, docs),
+                            arch=ARCH)
         pairs = k.size // 2
         for part, out in ((dk_out, dk), (dv_out, dv)):
             reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
@@ -237,4 +250,4 @@ def _validate_problem(q, k, v, scale):
 
 
 assert hopper_gemm.BLOCK_K * ELEM_BYTES == 128  # tensor_map's box is one 128-byte swizzle row wide
-assert all(smem_bytes(d) + 8 * (1 + 2 * STAGES) <= SMEM_LIMIT for d in HEAD_DIMS)
+assert all(smem_bytes(d, docs=True) + 8 * (1 + 2 * STAGES) <= SMEM_LIMIT for d in HEAD_DIMS)
