@@ -281,17 +281,21 @@ def test_alibi_matches_reference(hopper, poison, case):
 
 
 # (B, Hq, Hkv, Tq, Tk, d, causal, window, dtype, lengths_q, lengths_k): document masking (the -D DOCS=1 build);
-# lengths: the documents' lengths in order (lengths_k None: the keys' ids are the queries')
+# lengths: the documents' lengths in order, or (id, length) pairs where an id recurs (lengths_k None: the keys' ids are
+# the queries')
 DOCS = [
     (2, 2, 2, 300, 300, 64, True, None, "float16", (1, 100, 7, 192), None),    # a document of one token
     (1, 2, 2, 500, 500, 128, False, None, "bfloat16", (130, 130, 240), None),  # not causal: tiles on both sides
     (1, 4, 2, 260, 390, 128, True, (64, 0), "float16", (60, 200), (90, 300)),  # Tq != Tk, window, grouped heads
     (1, 2, 2, 200, 333, 64, False, None, "float16", (200,), (100, 233)),       # key tiles no query sees: dk = dv = 0
+    # document 0 recurs: key tiles 0 and 5 skip the EMPTY query tiles 1 .. 4 between their two runs
+    (1, 2, 2, 768, 768, 64, False, None, "float16", ((0, 128), (1, 512), (0, 128)), None),
 ]
 
 
 def _doc_ids(Bn, lengths):
-    ids = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    pairs = [n if isinstance(n, tuple) else (i, n) for i, n in enumerate(lengths)]
+    ids = np.concatenate([np.full(n, i, dtype=np.int32) for i, n in pairs])
     return np.ascontiguousarray(np.broadcast_to(ids, (Bn, len(ids))))
 
 

@@ -5,9 +5,9 @@ The cases are flash2_mma's (tests/test_flash2_variants_gpu.py: GQA/MQA, sliding 
 some leaving rows that see no key, prefix-LM, document ids with documents of one token and query documents no key
 belongs to, Tq != Tk, tanh soft-capping, ALiBi, their mixes, std-10 inputs), float16 and bfloat16 at d = 64 and 128,
 plus what the Hopper kernel does differently: persistent CTAs walking several work tiles, EMPTY document tiles
-skipped while the two-slot rings wrap, a negative scale on unmasked raw-score tiles, decoding (Tq = 1) under a window,
-the other schedules and launches, and GQA ratios 1/2/4/8. Outputs are poisoned (NaN) before each launch; rows that see
-no key must be exactly 0 with lse = -inf.
+skipped while the two-slot rings wrap and along rows of classes it reads four at a time, a negative scale on unmasked
+raw-score tiles, decoding (Tq = 1) under a window, the other schedules and launches, and GQA ratios 1/2/4/8. Outputs
+are poisoned (NaN) before each launch; rows that see no key must be exactly 0 with lse = -inf.
 """
 
 import numpy as np
@@ -26,6 +26,7 @@ HEAD_DIMS = [64, 128]
 HOPPER_CASES = [
     ("gqa4-persistent-192-work-tiles", 2, 32, 8, 300, 300, 1.0, dict(softcap=30.0)),  # > 132 CTAs' worth of tiles
     ("docs-empty-tiles-rings-wrap", 1, 4, 2, 1100, 1100, 1.0, dict(causal=True, docs=[300, 1, 500, 299])),
+    ("docs-long-rows-of-classes", 1, 2, 2, 2100, 2100, 1.0, dict(docs=[700, 1, 130, 1269])),  # 17 tiles a row
     ("window-negative-scale", 1, 4, 4, 500, 700, 1.0, dict(window=(200, 100), scale=-0.1)),
     ("decode-window-mqa", 2, 8, 1, 1, 700, 1.0, dict(causal=True, window=(300, 0))),
     ("all-mods-long-x10", 1, 2, 1, 900, 1300, 10.0,

@@ -74,7 +74,7 @@
 // Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
 //   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
 //   left, int right, int prefix, float cap_in, float cap_out): map_k, map_v over B * Hkv; nullptr for arrays a build
-//   does not read; classes from flash2_mma.cu's flash2_mma_doc_classes with br = BLOCK_M, bc = BLOCK_N (VariantArgs).
+//   does not read; classes from flash2_mma_doc_classes (br = BLOCK_M, bc = BLOCK_N) with 3 readable bytes past its end.
 //
 // Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
 // kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
@@ -271,10 +271,38 @@ template <int MODS> struct KeyTiles {
     int n, start, pre_end, band_begin, end;
     const signed char* classes;  // this (batch entry, query tile)'s row of classes (MOD_DOCS)
     DEVICE int first() const { return start; }
-    DEVICE int after(int t) const {
-        do t = t + 1 < pre_end ? t + 1 : max(t + 1, band_begin);
-        while ((MODS & MOD_DOCS) != 0 && t < end && classes[t] == TILE_EMPTY);
+    DEVICE int after(int t) const { return next(t + 1 < pre_end ? t + 1 : max(t + 1, band_begin)); }
+    // t if it is in the sequence, else the sequence's next tile (end if none); t < pre_end or t >= band_begin
+    DEVICE int next(int t) const {
+        if constexpr ((MODS & MOD_DOCS) != 0) {
+            if (t < pre_end) {
+                t = not_empty(t, pre_end);
+                if (t < pre_end) return t;
+                t = band_begin;
+            }
+            t = not_empty(t, end);
+        }
         return t;
+    }
+    // MOD_DOCS: the classes are read four at a time, by the aligned 32-bit word that holds tile t's (the array has 3
+    // bytes to spare past its end): bytes of 0xff for a tile that is not EMPTY, tile t's in the lowest byte.
+    DEVICE int skew(int t) const { return static_cast<int>(reinterpret_cast<unsigned long long>(classes + t) & 3); }
+    DEVICE unsigned seen_from(int t) const {
+        const unsigned word = __ldg(reinterpret_cast<const unsigned*>(classes + t - skew(t)));
+        return __vcmpne4(word, 0u) >> (8 * skew(t));
+    }
+    DEVICE int not_empty(int t, int stop) const {  // the first tile of [t, stop) that is not EMPTY, else stop
+        for (; t < stop; t += 4 - skew(t))
+            if (const unsigned seen = seen_from(t)) return min(t + (__ffs(seen) - 1) / 8, stop);
+        return stop;
+    }
+    DEVICE int count(int t, int stop) const {  // the tiles of [t, stop) that are not EMPTY
+        int n = 0;
+        for (; t < stop; t += 4 - skew(t)) {
+            const int here = min(4 - skew(t), stop - t);  // tiles t .. t + here - 1 share this word
+            n += __popc(seen_from(t) & (0xffffffffu >> (32 - 8 * here))) / 8;
+        }
+        return n;
     }
 };
 
@@ -296,9 +324,8 @@ DEVICE KeyTiles<MODS> key_tiles(int m0, int bh, int Tq, int Tk, const VariantArg
     if constexpr ((MODS & MOD_DOCS) != 0) {  // count the tiles that are not EMPTY
         const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M, n_count = (Tk + BN - 1) / BN;
         kt.classes = va.classes + (static_cast<long long>(bh / va.Hq) * m_count + m0 / T::BLOCK_M) * n_count;
-        if (kt.start < kt.end && kt.classes[kt.start] == TILE_EMPTY) kt.start = kt.after(kt.start);
-        kt.n = 0;
-        for (int t = kt.start; t < kt.end; t = kt.after(t)) ++kt.n;
+        kt.start = kt.next(kt.start);
+        kt.n = kt.count(0, kt.pre_end) + kt.count(kt.band_begin, kt.end);
     }
     return kt;
 }

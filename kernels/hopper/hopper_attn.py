@@ -127,6 +127,7 @@ SMEM_ALIGN = 1024  # the kernel aligns its tiles to a swizzle atom, so it asks f
 SMEM_LIMIT = 227 * 1024
 TMA_BOX_COLS = 64  # one 128-byte swizzle row of 16-bit elements
 ALIGN = 16  # bytes: TMA needs 16-byte aligned base addresses
+CLASS_SLACK = 3  # bytes allocated past the document classes: the kernel reads them by aligned 4-byte words
 CARVEOUT_MAX_SHARED = 100
 LOG2E = 1.0 / math.log(2.0)
 MAX_WORK = MAX_GRID_X // 2  # work-tile indices (w + gridDim.x in the kernel) stay below 2^31
@@ -356,7 +357,8 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
     classes = None
     if docs:  # (B, m_count, n_count) int8 classes at this tiling (the kernel reads them in the same layout)
         m_count, n_count = ceil_div(Tq, tiles.block_m), ceil_div(Tk, tiles.block_n)
-        classes = cp.empty((B, m_count, n_count), dtype=cp.int8)
+        size = B * m_count * n_count
+        classes = cp.empty(size + CLASS_SLACK, dtype=cp.int8)[:size].reshape(B, m_count, n_count)
         get_kernel(F.KERNEL_FILE, F.CLASS_KERNEL_NAME, defines=F.CLASS_DEFINES)(
             (m_count, B), (F.CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
                                                 np.int32(tiles.block_m), np.int32(tiles.block_n)))

@@ -238,6 +238,24 @@ template <int BLOCK_M> DEVICE void query_tiles(Problem& pb) {
     pb.m_end = last < 0 ? 0 : min(pb.m_count, last / BLOCK_M + 1);
 }
 
+// DOCS: the CTA's first and one past its last query tile that is not EMPTY (range[0] >= range[1]: none), all threads
+// reading the classes of query_tiles' range side by side, so that next_query_tile never walks the runs of EMPTY
+// tiles before and after the key tile's documents one load at a time. range starts at (m_count, 0); a __syncthreads
+// ends it.
+template <class T> DEVICE void doc_tile_range(Problem pb, const Docs& docs, int* range) {
+    query_tiles<T::BLOCK_M>(pb);
+    int first = pb.m_count, end = 0;
+    for (int m = pb.m_first + threadIdx.x; m < pb.m_end; m += blockDim.x)
+        if (docs.of(pb, m) != CLASS_EMPTY) {
+            first = min(first, m);
+            end = m + 1;
+        }
+    if (end > 0) {
+        atomicMin(&range[0], first);
+        atomicMax(&range[1], end);
+    }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr int WGMMA_K = 16;
 constexpr int BAR_DS_READY = 1;                             // named barriers of the two consumer warpgroups
@@ -685,6 +703,7 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     __shared__ alignas(8) u64 kv_full;
     __shared__ alignas(8) u64 q_full[STAGES];
     __shared__ alignas(8) u64 q_empty[STAGES];
+    __shared__ int doc_range[2];  // DOCS: the query tiles that are not EMPTY, doc_tile_range
 
     // ---- set-up: the CTA's key tile and query tiles, the shared memory aligned, the barriers initialised ----------
     const int n_count = (Tk + BLOCK_N - 1) / BLOCK_N;
@@ -716,20 +735,25 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
             mbar_init(smem_addr(&q_empty[s]), T::CONSUMER_WARPS);
         }
         mbar_init_fence();
+        if constexpr (DOCS) doc_range[0] = pb.m_count, doc_range[1] = 0;
     }
     __syncthreads();
+    if constexpr (DOCS) {
+        doc_tile_range<T>(pb, docs, doc_range);
+        __syncthreads();
+    }
 
     // ---- warp specialisation: warpgroup 0 loads, warpgroups 1 and 2 compute ---------------------------------------
     const int warpgroup = threadIdx.x / WARPGROUP;
     if (warpgroup == 0) {
         regs_decrease<T::PRODUCER_REGS>();
         query_tiles<T::BLOCK_M>(pb);  // here: not held across setmaxnreg
-        pb.m_first = next_query_tile(pb, docs, pb.m_first);
+        if constexpr (DOCS) pb.m_first = doc_range[0], pb.m_end = doc_range[1];
         if (threadIdx.x == 0 && pb.m_first < pb.m_end) produce(sm, pb, docs, map_q, map_k, map_v, map_do);
     } else {
         regs_increase<T::CONSUMER_REGS>();
         query_tiles<T::BLOCK_M>(pb);
-        pb.m_first = next_query_tile(pb, docs, pb.m_first);
+        if constexpr (DOCS) pb.m_first = doc_range[0], pb.m_end = doc_range[1];
         consume<T, BF16, DETERMINISTIC != 0>(sm, pb, docs, warpgroup - 1, lse2, delta, dq_acc, turns, dk, dv);
     }
 #else
