@@ -214,7 +214,7 @@ struct Problem {
 };
 
 // DOCS: the classes of flash2_mma_doc_classes for (query tile m, key tile n) of batch entry b.
-constexpr signed char CLASS_EMPTY = 0, CLASS_PARTIAL = 2;
+enum : int { CLASS_EMPTY = 0, CLASS_PARTIAL = 2 };
 struct Docs {                  // the CTA's rows of the DOCS build's arrays (attention_backward offsets them)
     const int* q;              // doc_q + b Tq: the document id of each query of batch entry b
     const int* k;              // doc_k + b Tk: of each key
