@@ -7,7 +7,8 @@
 //   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
 //   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout. ALIBI adds
 //   - slope |j - c| to each scaled score (no gradient to the slopes). DOCS: query i sees key j only in the same
-//   document (doc_q[i] == doc_k[j]); a key tile skips the query tiles its class says are EMPTY.
+//   document (doc_q[i] == doc_k[j]); a key tile skips the query tiles its class says are EMPTY. SOFTCAP: the scores
+//   are softcap tanh(S / softcap) before ALiBi, so dS is also multiplied by the cap's derivative 1 - tanh^2.
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
@@ -56,22 +57,22 @@
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
 //       float scale, int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,
-//       const signed char* classes, int heads)   maps: (D, T, B H) 16-bit tensors
+//       const signed char* classes, int heads, float cap_in, float cap_out)   maps: (D, T, B H) 16-bit tensors
 //       (k, v: B Hkv, H / group), boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle;
 //       scale: the softmax scale (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band
 //       (Tq + Tk: unbounded); group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads);
 //       turns: used only by the DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left
 //       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only; doc_q (B,
 //       Tq), doc_k (B, Tk), classes (B, m_count, n_count: EMPTY 0, FULL 1, PARTIAL 2 at BLOCK_M x 128), heads = H:
-//       read by the DOCS = 1 build only
+//       read by the DOCS = 1 build only; cap_in = scale / softcap, cap_out = softcap log2 e: by SOFTCAP = 1 only
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
 //       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0, ALIBI 0 and DOCS 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
-//   EARLY_P 1 (b. once S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1
-//   (dQ_part waited for first, e. while dK, dV run); see accumulate.
+//   DETERMINISTIC 0, ALIBI 0, DOCS 0 and SOFTCAP 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the
+//   same results: EARLY_P 1 (b. once S^T alone has completed; SOFTCAP needs 0), EARLY_KV 0 (1: dV, dK issued before
+//   d.'s barrier), DQ_FIRST 1 (dQ_part waited for first, e. while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -112,6 +113,9 @@
 #ifndef DOCS
 #define DOCS 0             // 1: document masking (ids per query and key, classes per tile pair); a build of its own
 #endif
+#ifndef SOFTCAP
+#define SOFTCAP 0          // 1: tanh soft-capping of the scaled scores; a build of its own, with EARLY_P 0
+#endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
 #endif
@@ -125,6 +129,7 @@
 #ifndef DQ_FIRST
 #define DQ_FIRST 1         // 1: dQ_part waited for first and added while dK (and dV) still run
 #endif
+static_assert(!(SOFTCAP && EARLY_P), "SOFTCAP needs EARLY_P 0: dS^T's factor 1 - tanh^2 is not kept across the wait");
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
 constexpr int WARPGROUP = 128;
@@ -210,6 +215,7 @@ struct Problem {
     int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
     float alibi;               // ALIBI: this head's slope log2 e
+    float cap_in, cap_out;     // SOFTCAP: the logit in log2 units is cap_out tanh(s cap_in), s = q.k
     int n_count;               // DOCS: key tiles per head, the stride of classes along m
 };
 
@@ -325,12 +331,32 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
     }
 }
 
+// SOFTCAP (not SPLIT), a sweep of its own first: acc_s becomes the capped logit minus lse2 (log2 units), acc_dp
+// becomes (dP^T - delta[q]) (1 - tanh^2), with tanh = 1 - r, 1 - tanh^2 = r (2 - r). (Folded into the loop of
+// probabilities, the same arithmetic spilled at d = 64.)
+template <int N>
+DEVICE void softcap_logits(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
+                           const Problem& pb, int t) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = 4 * i + j;
+            const float r = one_minus_tanh(acc_s[idx] * pb.cap_in);
+            acc_s[idx] = fmaf(-pb.cap_out, r, pb.cap_out - (j % 2 ? l.y : l.x));
+            acc_dp[idx] = (acc_dp[idx] - (j % 2 ? dl.y : dl.x)) * (r * (2.0f - r));
+        }
+    }
+}
+
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
 // dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk or key is outside the band; a select, not a product,
 // so an overflowing exponent of a hidden entry cannot leak; DOCS: also where the query's document (q_doc, the tile's
 // row buffer) is not the key's (k_docs, the CTA's key buffer; r0: the thread's first key row in the CTA's tile). A
 // padding query row q >= Tq needs no test: its Q and dO rows are TMA's zero fill and its lse2 is +inf, so P^T =
-// 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys.
+// 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys. SOFTCAP: softcap_logits first, then P^T from its logits.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
@@ -341,17 +367,18 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
 #pragma unroll
         for (int h = 0; h < 2; ++h) k_doc[h] = k_docs[r0 + 8 * h];
     }
+    if constexpr (SOFTCAP) softcap_logits(acc_s, acc_dp, lse2, delta, pb, t);
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {                 // query columns 8 i + 2 t, + 1
-        const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
-        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+        const float2 l = SOFTCAP ? float2{0.0f, 0.0f} : *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+        const float2 dl = SOFTCAP ? float2{0.0f, 0.0f} : *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * i + 2 * h + e;
                 const int q = q0 + 8 * i + 2 * t + e;
-                float x = fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
+                float x = SOFTCAP ? acc_s[idx] : fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
                 if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - (q + pb.diag))), x);
                 float p = exp2_ftz(x);
                 if (MASK) {
@@ -359,7 +386,7 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
                     if constexpr (DOCS) hidden |= q_doc[8 * i + 2 * t + e] != k_doc[h];
                     p = hidden ? 0.0f : p;
                 }
-                if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
+                if constexpr (!SPLIT) acc_dp[idx] = p * (SOFTCAP ? acc_dp[idx] : acc_dp[idx] - (e ? dl.y : dl.x));
                 acc_s[idx] = p;
             }
         }
@@ -696,7 +723,8 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
                                int left, int right, int group, const float* alibi_log2, const int* doc_q,
-                               const int* doc_k, const signed char* classes, int heads) {
+                               const int* doc_k, const signed char* classes, int heads, float cap_in,
+                               float cap_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -721,6 +749,8 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
     pb.alibi = ALIBI ? alibi_log2[pb.bh] : 0.0f;
+    pb.cap_in = cap_in;
+    pb.cap_out = cap_out;
     pb.n_count = n_count;
     const long long b = pb.bh / heads;
     const Docs docs{DOCS ? doc_q + b * Tq : nullptr, DOCS ? doc_k + b * Tk : nullptr,
@@ -832,9 +862,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
     int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,                   \
-    const signed char* classes, int heads
+    const signed char* classes, int heads, float cap_in, float cap_out
 #define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
-    right, group, alibi_log2, doc_q, doc_k, classes, heads
+    right, group, alibi_log2, doc_q, doc_k, classes, heads, cap_in, cap_out
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {
