@@ -332,13 +332,21 @@ SOFTCAP = [
     (2, 2, 2, 300, 300, 64, "float16", 10.0, dict(causal=True, softcap=5.0, docs=(1, 100, 199))),  # tanh near +-1
     (1, 2, 2, 520, 300, 128, "bfloat16", 1.0, dict(causal=True, softcap=50.0, deterministic=True)),  # Tq > Tk
 ]
+# prefix-LM (the -D PREFIX=1 build): the first prefix keys seen by every query besides the band
+PREFIX = [
+    (1, 2, 2, 300, 300, 64, "float16", 1.0, dict(causal=True, prefix=100)),  # the prefix ends inside a key tile
+    (1, 4, 2, 260, 390, 128, "bfloat16", 1.0, dict(causal=True, window=(64, 0), prefix=130)),  # a gap before the band
+    (1, 2, 2, 520, 300, 128, "float16", 1.0, dict(causal=True, prefix=200, deterministic=True)),
+    (2, 2, 2, 300, 300, 64, "float16", 1.0, dict(causal=True, prefix=50, softcap=30.0, docs=(120, 1, 179))),
+]
 
 
-@pytest.mark.parametrize("case", SOFTCAP, ids=lambda c: "-".join(map(str, c[:8])) + "-" + "-".join(c[8]))
-def test_softcap_matches_reference(hopper, poison, case):
+@pytest.mark.parametrize("case", SOFTCAP + PREFIX, ids=lambda c: "-".join(map(str, c[:8])) + "-" + "-".join(c[8]))
+def test_softcap_and_prefix_match_reference(hopper, poison, case):
     """softcap: the scores softcap tanh(s / softcap) before ALiBi and the mask, as the forward computes them; dS gets
-    the cap's derivative 1 - tanh^2. Against reference.variants.attention_variant_backward, with o and lse from the
-    forward's soft-capping entry point; the deterministic build gives dq bit for bit again."""
+    the cap's derivative 1 - tanh^2. prefix: keys j < prefix are seen by every query, so their key tiles meet every
+    query tile. Against reference.variants.attention_variant_backward, with o and lse from the forward's variant entry
+    point; the deterministic build gives dq bit for bit again."""
     from reference.variants import attention_variant_backward
 
     cp = hopper
@@ -348,7 +356,7 @@ def test_softcap_matches_reference(hopper, poison, case):
     rng = np.random.default_rng(Tq + Tk + d + 3)
     host = [(std * rng.standard_normal(shape)).astype(dtype) for shape in
             ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
-    ref_opts = {key: options[key] for key in ("causal", "window", "softcap") if key in options}
+    ref_opts = {key: options[key] for key in ("causal", "window", "softcap", "prefix") if key in options}
     if options.get("alibi"):
         ref_opts["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)).astype(np.float32)
     if "docs" in options:
@@ -408,6 +416,8 @@ def test_errors(hopper):
         B.backward(q, k, v, o, lse, do, softcap=0.0)
     with pytest.raises(TypeError, match="softcap"):
         B.backward(q, k, v, o, lse, do, softcap="30")
+    with pytest.raises(ValueError, match="prefix"):
+        B.backward(q, k, v, o, lse, do, prefix=65)
 
 
 def test_below_hopper_raises_naming_the_capability(gpu, monkeypatch):
