@@ -164,6 +164,7 @@ NVRTC_BUILDS = [((name_expression(D, TILES[D], dt),), DEFINES) for D in HEAD_DIM
 VARIANTS_KERNEL_NAME = "flash2_mma_variants"
 CLASS_KERNEL_NAME = "flash2_mma_doc_classes"
 MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI = 1, 2, 4
+CLASS_SLACK = 3  # bytes allocated past the classes: a row read by aligned 4-byte words stays inside the array
 CLASS_THREADS = 128  # threads of a flash2_mma_doc_classes block; handed to the kernel as -DCLASS_THREADS
 CLASS_DEFINES = DEFINES + defines_from(CLASS_THREADS=CLASS_THREADS)
 
@@ -581,10 +582,13 @@ def _class_kernel():
 
 def doc_classes(doc_ids_q, doc_ids_k, B: int, Tq: int, Tk: int, br: int, bc: int):
     """The class of every (query tile of br rows, key tile of bc keys) of each batch entry under document masking, by
-    flash2_mma_doc_classes: a (B, ceil(Tq / br), ceil(Tk / bc)) int8 CuPy array of EMPTY (0), FULL (1) and PARTIAL (2).
-    The ids must have passed check_variant_arrays; the backward (flash2_mma_bwd.py) calls it with its own tiles."""
-    n_qt = ceil_div(Tq, br)
-    classes = cp.empty((B, n_qt, ceil_div(Tk, bc)), dtype=cp.int8)
+    flash2_mma_doc_classes: a (B, ceil(Tq / br), ceil(Tk / bc)) int8 CuPy array of EMPTY (0), FULL (1) and PARTIAL (2),
+    with CLASS_SLACK bytes allocated past its end (hopper_attn.cu reads a row by aligned 4-byte words). The ids must
+    have passed check_variant_arrays; the backwards (flash2_mma_bwd.py, hopper_attn_bwd.py) and the Hopper forward
+    call it with their own tiles."""
+    n_qt, n_kt = ceil_div(Tq, br), ceil_div(Tk, bc)
+    size = B * n_qt * n_kt
+    classes = cp.empty(size + CLASS_SLACK, dtype=cp.int8)[:size].reshape(B, n_qt, n_kt)
     _class_kernel()((n_qt, B), (CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
                                                   np.int32(br), np.int32(bc)))
     return classes

@@ -127,7 +127,6 @@ SMEM_ALIGN = 1024  # the kernel aligns its tiles to a swizzle atom, so it asks f
 SMEM_LIMIT = 227 * 1024
 TMA_BOX_COLS = 64  # one 128-byte swizzle row of 16-bit elements
 ALIGN = 16  # bytes: TMA needs 16-byte aligned base addresses
-CLASS_SLACK = 3  # bytes allocated past the document classes: the kernel reads them by aligned 4-byte words
 CARVEOUT_MAX_SHARED = 100
 LOG2E = 1.0 / math.log(2.0)
 MAX_WORK = MAX_GRID_X // 2  # work-tile indices (w + gridDim.x in the kernel) stay below 2^31
@@ -354,14 +353,8 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
     map_q = hopper_gemm.tensor_map(q, B * Hq, Tq, d, tiles.block_m)
     map_k = hopper_gemm.tensor_map(k, B * Hkv, Tk, d, tiles.block_n)  # query head h reads kv head h / group
     map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, tiles.block_n)
-    classes = None
-    if docs:  # (B, m_count, n_count) int8 classes at this tiling (the kernel reads them in the same layout)
-        m_count, n_count = ceil_div(Tq, tiles.block_m), ceil_div(Tk, tiles.block_n)
-        size = B * m_count * n_count
-        classes = cp.empty(size + CLASS_SLACK, dtype=cp.int8)[:size].reshape(B, m_count, n_count)
-        get_kernel(F.KERNEL_FILE, F.CLASS_KERNEL_NAME, defines=F.CLASS_DEFINES)(
-            (m_count, B), (F.CLASS_THREADS,), (doc_ids_q, doc_ids_k, classes, np.int32(Tq), np.int32(Tk),
-                                                np.int32(tiles.block_m), np.int32(tiles.block_n)))
+    # (B, m_count, n_count) int8 classes at this tiling (the kernel reads them in the same layout)
+    classes = F.doc_classes(doc_ids_q, doc_ids_k, B, Tq, Tk, tiles.block_m, tiles.block_n) if docs else None
     _check_persistent(persistent, PERSISTENT[:3])  # their producer has no room for the dynamic schedule
     if persistent is None:
         persistent = not (causal or window is not None or prefix is not None or docs)
