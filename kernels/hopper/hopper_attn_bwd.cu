@@ -339,8 +339,8 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
 }
 
 // SOFTCAP (not SPLIT), a sweep of its own first: acc_s becomes the capped logit minus lse2 (log2 units), acc_dp
-// becomes (dP^T - delta[q]) (1 - tanh^2), with tanh = 1 - r, 1 - tanh^2 = r (2 - r). (Folded into the loop of
-// probabilities, the same arithmetic spilled at d = 64.)
+// becomes (dP^T - delta[q]) (1 - tanh^2), with tanh = 1 - r, 1 - tanh^2 = r (2 - r); probabilities then takes the
+// logits as they are.
 template <int N>
 DEVICE void softcap_logits(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
                            const Problem& pb, int t) {
