@@ -186,8 +186,8 @@ def test_the_cli_lists_the_cases():
 
 
 def test_the_backward_pass_counts_its_flops_and_picks_the_backward_kernel():
-    """--pass fwd+bwd: the forward's FLOPs times 3.5 in TFLOP/s, rows marked "fwd+bwd"; the Hopper backward for the
-    masks, ALiBi and grouped heads at d = 64 and 128, flash2_mma_bwd (its variant kernel) for soft-capping and d 256."""
+    """--pass fwd+bwd: the forward's FLOPs times 3.5 in TFLOP/s, rows marked "fwd+bwd"; the Hopper backward for
+    every case at d = 64 and 128 (soft-capping too), flash2_mma_bwd (its variant kernel) for d = 256."""
     from kernels.flash import flash2_mma_bwd
     from kernels.hopper import hopper_attn_bwd
 
@@ -197,8 +197,7 @@ def test_the_backward_pass_counts_its_flops_and_picks_the_backward_kernel():
                                 backward=True)
     r = {x["impl"]: x for x in rows}["flash2_mma"]
     assert r["pass"] == "fwd+bwd" and r["TFLOP/s"] == pytest.approx(BV.flops(causal, T, backward=True) / 2e-3 / 1e12)
-    for name in ("causal", "gqa8", "window1024", "alibi", "docs8"):
+    for name in ("causal", "gqa8", "window1024", "alibi", "docs8", "softcap30"):
         assert BV.our_backward("hopper_attn", BV.CASE[name]) is hopper_attn_bwd.backward, name
-    for name in ("softcap30", "d256"):
-        assert BV.our_backward("hopper_attn", BV.CASE[name]) is flash2_mma_bwd.backward, name
+    assert BV.our_backward("hopper_attn", BV.CASE["d256"]) is flash2_mma_bwd.backward
     assert BV.our_backward("flash2_mma", causal) is flash2_mma_bwd.backward

@@ -190,13 +190,14 @@ def test_register_budget_and_no_local_memory(cubin, cuobjdump):
 
 def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
     """map_q, map_k, map_v, map_do by value, then lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale,
-    left, right, group, alibi_log2, doc_q, doc_k, classes, heads."""
+    left, right, group, alibi_log2, doc_q, doc_k, classes, heads, cap_in, cap_out, prefix."""
     info = _per_function(_run(cuobjdump, "-elf", str(cubin)), r"^\.nv\.info\.(\w+)")
     for name in B.MAIN_NAMES.values():
         params = {int(o, 16): int(s, 16) for o, s in
                   re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
         assert params == {0: 128, 1: 128, 2: 128, 3: 128, 4: 8, 5: 8, 6: 8, 7: 8, 8: 8, 9: 8, 10: 4, 11: 4, 12: 4,
-                          13: 4, 14: 4, 15: 4, 16: 4, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4}, f"{name}: {params}"
+                          13: 4, 14: 4, 15: 4, 16: 4, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4,
+                          23: 4, 24: 4}, f"{name}: {params}"
 
 
 def test_constants_agree_with_the_kernel():
@@ -241,14 +242,20 @@ def test_nvcc_builds_sm90a_without_spills(tmp_path, det, bulk, sched):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
-@pytest.mark.parametrize("alibi,docs", [(True, False), (False, True), (True, True)], ids=["alibi", "docs", "both"])
-def test_variant_builds_sm90a_without_spills(tmp_path, alibi, docs):
-    """The ALiBi and document builds (-D ALIBI=1, -D DOCS=1: the launcher's build_defines(..., alibi, docs)): every
-    kernel without spills, the main ones at the 168 registers setmaxnreg's budget assumes."""
+@pytest.mark.parametrize("det,alibi,docs,softcap,prefix",
+                         [(0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 1, 1, 0, 0), (0, 0, 0, 1, 0), (0, 1, 1, 1, 0),
+                          (1, 0, 0, 1, 0), (0, 0, 0, 0, 1), (1, 0, 0, 0, 1), (0, 1, 1, 1, 1)],
+                         ids=["alibi", "docs", "both", "softcap", "all", "softcap-det", "prefix", "prefix-det", "every"])
+def test_variant_builds_sm90a_without_spills(tmp_path, det, alibi, docs, softcap, prefix):
+    """The ALiBi, document, soft-capping and prefix-LM builds (-D ALIBI=1, DOCS=1, SOFTCAP=1, PREFIX=1: the
+    launcher's build_defines(deterministic, alibi, docs, softcap, prefix)): every kernel without spills, the main ones
+    at the 168 registers setmaxnreg's budget assumes; the soft-capping builds with EARLY_P = 0."""
     cu = core.kernel_path(B.KERNEL_FILE)
-    defines = [x for x in B.build_defines(False, alibi, docs) if x.startswith("-D")]
+    defines = [x for x in B.build_defines(det, alibi, docs, softcap, prefix) if x.startswith("-D")]
     assert ("-DALIBI=1" in defines) == alibi and ("-DDOCS=1" in defines) == docs
-    assert not {"-DALIBI=1", "-DDOCS=1"} & set(B.build_defines(False))
+    assert ("-DSOFTCAP=1" in defines) == softcap and ("-DEARLY_P=0" in defines or not softcap)
+    assert ("-DPREFIX=1" in defines) == prefix
+    assert not {"-DALIBI=1", "-DDOCS=1", "-DSOFTCAP=1", "-DPREFIX=1"} & set(B.build_defines(False))
     cmd = ["nvcc", "-c", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I", os.fspath(cu.parents[1]),
            *defines, "--resource-usage", "-o", os.fspath(tmp_path / "k.o"), os.fspath(cu)]
     res = subprocess.run(cmd, capture_output=True, text=True)

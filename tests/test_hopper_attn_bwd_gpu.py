@@ -324,6 +324,57 @@ def test_docs_match_reference(hopper, poison, case):
         assert res.ok, f"{name}: {res.detail()}"
 
 
+# (B, Hq, Hkv, Tq, Tk, d, dtype, std, options): tanh soft-capping (the -D SOFTCAP=1 build), alone and with the others
+SOFTCAP = [
+    (1, 4, 4, 300, 400, 64, "float16", 1.0, dict(causal=True, softcap=30.0)),
+    (1, 2, 2, 200, 333, 128, "bfloat16", 1.0, dict(softcap=20.0)),                         # not causal, Tq < Tk
+    (1, 4, 2, 260, 390, 128, "float16", 1.0, dict(causal=True, window=(64, 0), softcap=30.0, alibi=True)),  # Gemma 2
+    (2, 2, 2, 300, 300, 64, "float16", 10.0, dict(causal=True, softcap=5.0, docs=(1, 100, 199))),  # tanh near +-1
+    (1, 2, 2, 520, 300, 128, "bfloat16", 1.0, dict(causal=True, softcap=50.0, deterministic=True)),  # Tq > Tk
+]
+# prefix-LM (the -D PREFIX=1 build): the first prefix keys seen by every query besides the band
+PREFIX = [
+    (1, 2, 2, 300, 300, 64, "float16", 1.0, dict(causal=True, prefix=100)),  # the prefix ends inside a key tile
+    (1, 4, 2, 260, 390, 128, "bfloat16", 1.0, dict(causal=True, window=(64, 0), prefix=130)),  # a gap before the band
+    (1, 2, 2, 520, 300, 128, "float16", 1.0, dict(causal=True, prefix=200, deterministic=True)),
+    (2, 2, 2, 300, 300, 64, "float16", 1.0, dict(causal=True, prefix=50, softcap=30.0, docs=(120, 1, 179))),
+]
+
+
+@pytest.mark.parametrize("case", SOFTCAP + PREFIX, ids=lambda c: "-".join(map(str, c[:8])) + "-" + "-".join(c[8]))
+def test_softcap_and_prefix_match_reference(hopper, poison, case):
+    """softcap: the scores softcap tanh(s / softcap) before ALiBi and the mask, as the forward computes them; dS gets
+    the cap's derivative 1 - tanh^2. prefix: keys j < prefix are seen by every query, so their key tiles meet every
+    query tile. Against reference.variants.attention_variant_backward, with o and lse from the forward's variant entry
+    point; the deterministic build gives dq bit for bit again."""
+    from reference.variants import attention_variant_backward
+
+    cp = hopper
+    Bn, Hq, Hkv, Tq, Tk, d, dtype, std, options = case
+    options = dict(options)
+    deterministic = options.pop("deterministic", False)
+    rng = np.random.default_rng(Tq + Tk + d + 3)
+    host = [(std * rng.standard_normal(shape)).astype(dtype) for shape in
+            ((Bn, Hq, Tq, d), (Bn, Hkv, Tk, d), (Bn, Hkv, Tk, d), (Bn, Hq, Tq, d))]
+    ref_opts = {key: options[key] for key in ("causal", "window", "softcap", "prefix") if key in options}
+    if options.get("alibi"):
+        ref_opts["alibi_slopes"] = (2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)).astype(np.float32)
+    if "docs" in options:
+        ref_opts["doc_ids_q"] = _doc_ids(Bn, options["docs"])
+    gpu_opts = {key: cp.asarray(x) if isinstance(x, np.ndarray) else x for key, x in ref_opts.items()}
+    q, k, v, do = (cp.asarray(x) for x in host)
+    o, lse = A.forward(q, k, v, return_lse=True, **gpu_opts)
+    grads = B.backward(q, k, v, o, lse, do, deterministic=deterministic, **gpu_opts)
+    refs = attention_variant_backward(*(x.astype(np.float64) for x in host), **ref_opts)
+    for name, out, ref in zip(("dq", "dk", "dv"), grads, refs):
+        res = kernels.check(out, ref, dtype)
+        assert res.ok, f"{name}: {res.detail()}"
+    if deterministic:
+        again = B.backward(q, k, v, o, lse, do, deterministic=True, **gpu_opts)
+        for name, a, b in zip(("dq", "dk", "dv"), grads, again):
+            assert bool((a.view(cp.int16) == b.view(cp.int16)).all()), f"{name} differs between deterministic runs"
+
+
 def test_errors(hopper):
     cp = hopper
     (q, k, v, do), _ = _problem(cp, 1, 1, 64, 64, 64, "float16", 1.0)
@@ -361,6 +412,12 @@ def test_errors(hopper):
         B.backward(q, k, v, o, lse, do, doc_ids_q=cp.zeros((1, 63), cp.int32))
     with pytest.raises(ValueError, match="same shape"):
         B.backward(q3, k2[:, :1].copy(), k2, q3, cp.zeros((1, 3, 64), cp.float32), q3)
+    with pytest.raises(ValueError, match="softcap"):
+        B.backward(q, k, v, o, lse, do, softcap=0.0)
+    with pytest.raises(TypeError, match="softcap"):
+        B.backward(q, k, v, o, lse, do, softcap="30")
+    with pytest.raises(ValueError, match="prefix"):
+        B.backward(q, k, v, o, lse, do, prefix=65)
 
 
 def test_below_hopper_raises_naming_the_capability(gpu, monkeypatch):

@@ -23,11 +23,10 @@ Implementations (one compare() per T: every (case, implementation) of that T tim
                  variant (causal, gqa8 with enable_gqa=True, d256); a backend that refuses is recorded with its reason
 
 --pass fwd+bwd times the forward and the backward together (one call: o and lse, then dq, dk, dv for a random dO):
-ours are the forward above, then flash2_mma_bwd (its variant kernel for a mask or modifier), or on a Hopper, for the
-plain masks and grouped-query heads at d = 64 and 128, hopper_attn_bwd (our_backward); FlexAttention and SDPA
-through torch.autograd.grad. Its FLOPs are 3.5 times the forward's (the backward's five products against the
-forward's two), and our rows are checked on their gradients (the worst of dq, dk, dv against torch.autograd on
-torch_attention in float32).
+ours are the forward above, then flash2_mma_bwd (its variant kernel for a mask or modifier), or on a Hopper at d = 64
+and 128 hopper_attn_bwd (our_backward); FlexAttention and SDPA through torch.autograd.grad. Its FLOPs are 3.5 times
+the forward's (the backward's five products against the forward's two), and our rows are checked on their gradients
+(the worst of dq, dk, dv against torch.autograd on torch_attention in float32).
 
 Before anything is timed, each of our implementations is checked against a float32 torch computation of the same
 variant (`torch_attention`: the scores, score_mod, mask_mod and softmax written out) at one small shape (CHECK: B=2,
@@ -340,11 +339,10 @@ def unsupported(impl: str, cc: tuple, case: Case) -> str | None:
 
 
 def our_backward(impl: str, case: Case):
-    """The backward after `impl`'s forward: on a Hopper (impl hopper_attn) for the causal mask, the window, ALiBi and
-    documents, grouped-query heads too, at d = 64 and 128 hopper_attn_bwd.backward, otherwise flash2_mma_bwd.backward
-    (its variant kernel for soft-capping); both take the lse of either forward."""
-    plain = case.softcap is None
-    if impl == "hopper_attn" and plain:
+    """The backward after `impl`'s forward: on a Hopper (impl hopper_attn) at d = 64 and 128 hopper_attn_bwd.backward
+    (every case this bench has: masks, ALiBi, soft-capping, documents, grouped-query heads), otherwise
+    flash2_mma_bwd.backward (its variant kernel for the modifiers); both take the lse of either forward."""
+    if impl == "hopper_attn":
         from ..hopper import hopper_attn_bwd
 
         if case.d in hopper_attn_bwd.HEAD_DIMS:

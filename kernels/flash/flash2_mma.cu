@@ -558,12 +558,6 @@ DEVICE KeyTiles<BC, MODS> key_tiles(int q0, int q_last, int Tk, int diag, const 
     return kt;
 }
 
-// tanh(x) = 1 - 2 / (e^2x + 1) with ex2.approx and a fast reciprocal: an absolute error near 1e-7 (tanh.approx's
-// 2^-11 relative error, times a softcap of 30, would move a logit by 0.015); +-1 for large |x| (e^2x = inf or 0).
-DEVICE float tanh_exp2(float x) {
-    return 1.f - __fdividef(2.f, exp2_ftz(x * (2.f * LOG2E)) + 1.f);
-}
-
 // The score modifiers, in place on the warp's S (raw q.k): each score becomes its logit in log2 units, so the softmax
 // that follows takes a scale of 1. Order as in the reference: scale, softcap, ALiBi (then the mask).
 template <int BC, int MT, int MODS>

@@ -599,11 +599,6 @@ DEVICE QueryTiles<BR, BC, MODS> query_tiles(int k0, int Tq, int Tk, int diag, co
     return qt;
 }
 
-// tanh as flash2_mma.cu computes it (1 - 2 / (e^2x + 1), ex2.approx and a fast divide), so the logits are its bits.
-DEVICE float tanh_exp2(float x) {
-    return 1.f - __fdividef(2.f, exp2_ftz(x * (2.f * LOG2E)) + 1.f);
-}
-
 // P^T = 2^(logit - lse2) in place of S^T = K Q_i^T (raw q.k; the warp's 16 keys x BR queries). The logit is the
 // forward's, op for op: scale log2 e, or cap_out tanh(s cap_in) (MOD_SOFTCAP); minus slope |j - c_i| (MOD_ALIBI);
 // -inf where the mask hides the pair (MASK: PARTIAL tiles). Without score modifiers the same FMA as recompute_p.

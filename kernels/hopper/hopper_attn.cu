@@ -544,12 +544,6 @@ template <int MODS> DEVICE auto consumer_rows(const RowInfo& r, int bh, int Tq, 
         return variant_rows<MODS>(r, bh, Tq, va);
 }
 
-// tanh(x) = 1 - 2 / (e^2x + 1) with ex2.approx and a fast reciprocal: an absolute error near 1e-7, where tanh.approx's
-// relative 2^-11, times a softcap of 30, would move a logit by 0.015; +-1 for large |x| (e^2x = inf or 0).
-DEVICE float tanh_exp2(float x) {
-    return 1.0f - __fdividef(2.0f, exp2_ftz(x * (2.0f / LN2)) + 1.0f);
-}
-
 // The score modifiers on one tile of S (raw q.k), in place: each score becomes its logit in log2 units, scale ->
 // softcap -> ALiBi as in reference/variants.py, so the softmax that follows takes a scale of 1.
 template <int MODS, int N>

@@ -5,9 +5,10 @@
 //   and dO; S = scale Q K^T, P = softmax(S) (rebuilt from lse), dV = P^T dO, dP = dO V^T, dS = P (dP - delta),
 //   delta_i = sum_c dO_ic O_ic, dQ = scale dS K, dK = scale dS^T Q (reference/backward.py). The mask is a band,
 //   bottom-right aligned: query i sees key j when c - left <= j <= c + right, c = i + Tk - Tq (causal: right = 0;
-//   a sliding window: left too; reference/variants.py); a row that sees no key has P = 0 throughout. ALIBI adds
-//   - slope |j - c| to each scaled score (no gradient to the slopes). DOCS: query i sees key j only in the same
-//   document (doc_q[i] == doc_k[j]); a key tile skips the query tiles its class says are EMPTY.
+//   a sliding window: left too; PREFIX: or j < prefix; reference/variants.py); a row that sees no key has P = 0.
+//   ALIBI adds - slope |j - c| to each scaled score (no gradient to the slopes). DOCS: query i sees key j only in the
+//   same document (doc_q[i] == doc_k[j]); a key tile skips the query tiles its class says are EMPTY. SOFTCAP: the
+//   scores are softcap tanh(S / softcap) before ALiBi, so dS is also multiplied by the cap's derivative 1 - tanh^2.
 //
 // Algorithm: three kernels on one stream, four with grouped-query heads (kernels/hopper/hopper_attn_bwd.py)
 //   1. hopper_bwd_preprocess  one warp per row of (B H, Tq_pad): delta = rowsum(dO o) (- dlse), lse2 = lse log2 e
@@ -56,22 +57,23 @@
 //   hopper_bwd_{f16,bf16}_d{64,128}(TensorMap map_q, map_k, map_v, map_do (__grid_constant__), const float* lse2,
 //       const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2,
 //       float scale, int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,
-//       const signed char* classes, int heads)   maps: (D, T, B H) 16-bit tensors
+//       const signed char* classes, int heads, float cap_in, float cap_out, int prefix)   maps: (D, T, B H) tensors
 //       (k, v: B Hkv, H / group), boxes of 64 columns x BLOCK_M (q, do) or BLOCK_N (k, v) rows, 128-byte swizzle;
 //       scale: the softmax scale (any finite value, negative too); scale_log2 = scale log2 e; left, right: the band
 //       (Tq + Tk: unbounded); group: query heads per kv head (dk, dv then (B, H, Tk, D) parts for reduce_heads);
 //       turns: used only by the DETERMINISTIC = 1 build, where every query tile's key tiles are 0 .. N (left
 //       unbounded); alibi_log2: (B H,) slope log2 e per (batch, head), read by the ALIBI = 1 build only; doc_q (B,
 //       Tq), doc_k (B, Tk), classes (B, m_count, n_count: EMPTY 0, FULL 1, PARTIAL 2 at BLOCK_M x 128), heads = H:
-//       read by the DOCS = 1 build only
+//       read by the DOCS = 1 build only; cap_in = scale / softcap, cap_out = softcap log2 e: by SOFTCAP = 1 only;
+//       prefix (keys every query sees, 0 for none): by PREFIX = 1 only
 //   hopper_bwd_postprocess_{f16,bf16}(const float* dq_acc, u16* dq, long long quads, int d, int Tq, float scale)
 //       quads = B H Tq D / 4
 //   hopper_bwd_reduce_heads_{f16,bf16}(const u16* part, u16* out, long long pairs, long long head_pairs, int group)
 //       part (B, Hkv group, Tk, D), out (B, Hkv, Tk, D); pairs = B Hkv Tk D / 2, head_pairs = Tk D / 2
 //   -D defaults as the launcher passes them: BLOCK_M_D64 128, BLOCK_M_D128 64, STAGES 2, PRE_WARPS 4, DQ_BULK 1,
-//   DETERMINISTIC 0, ALIBI 0 and DOCS 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the same results:
-//   EARLY_P 1 (b. once S^T alone has completed), EARLY_KV 0 (1: dV, dK issued before d.'s barrier), DQ_FIRST 1
-//   (dQ_part waited for first, e. while dK, dV run); see accumulate.
+//   DETERMINISTIC, ALIBI, DOCS, SOFTCAP and PREFIX 0 (1: builds of their own); the schedule, 0 or 1 each, any mix, the
+//   same results: EARLY_P 1 (b. once S^T alone has completed; SOFTCAP needs 0), EARLY_KV 0 (1: dV, dK issued before
+//   d.'s barrier), DQ_FIRST 1 (dQ_part waited for first, e. while dK, dV run); see accumulate.
 //
 // Needs compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the main
 // kernel is a stub that traps. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh, ptx/mma_sync.cuh (pack2,
@@ -112,6 +114,12 @@
 #ifndef DOCS
 #define DOCS 0             // 1: document masking (ids per query and key, classes per tile pair); a build of its own
 #endif
+#ifndef SOFTCAP
+#define SOFTCAP 0          // 1: tanh soft-capping of the scaled scores; a build of its own, with EARLY_P 0
+#endif
+#ifndef PREFIX
+#define PREFIX 0           // 1: prefix-LM, keys j < prefix seen by every query as well as the band; a build of its own
+#endif
 #ifndef DQ_BULK
 #define DQ_BULK 1          // dQ_part into dQ_acc: 1 by one bulk reduce-add per tile, 0 by float4 atomics per thread
 #endif
@@ -125,6 +133,7 @@
 #ifndef DQ_FIRST
 #define DQ_FIRST 1         // 1: dQ_part waited for first and added while dK (and dV) still run
 #endif
+static_assert(!(SOFTCAP && EARLY_P), "SOFTCAP needs EARLY_P 0: dS^T's factor 1 - tanh^2 is not kept across the wait");
 
 constexpr int ELEM_BYTES = 2;                               // float16 / bfloat16
 constexpr int WARPGROUP = 128;
@@ -210,6 +219,8 @@ struct Problem {
     int m_count;               // the query tiles in all (dq_acc's blocks)
     float scale, scale_log2;
     float alibi;               // ALIBI: this head's slope log2 e
+    float cap_in, cap_out;     // SOFTCAP: the logit in log2 units is cap_out tanh(s cap_in), s = q.k
+    int prefix;                // PREFIX: keys j < prefix are seen by every query
     int n_count;               // DOCS: key tiles per head, the stride of classes along m
 };
 
@@ -231,11 +242,13 @@ DEVICE int next_query_tile(const Problem& pb, const Docs& docs, int m) {
 }
 
 // The query tiles that see a key of the tile k0 .. k0 + BLOCK_N - 1: query i sees one when i + hi >= k0 and
-// i + lo <= k0 + BLOCK_N - 1. Producer and consumers both use them, so they agree on the ring's turns.
+// i + lo <= k0 + BLOCK_N - 1, and every query does when k0 < prefix. Producer and consumers both use them, so they
+// agree on the ring's turns.
 template <int BLOCK_M> DEVICE void query_tiles(Problem& pb) {
     pb.m_first = max(0, pb.k0 - pb.hi) / BLOCK_M;
     const int last = pb.k0 + BLOCK_N - 1 - pb.lo;  // the last query that sees a key of the tile
     pb.m_end = last < 0 ? 0 : min(pb.m_count, last / BLOCK_M + 1);
+    if (PREFIX && pb.k0 < pb.prefix) pb.m_first = 0, pb.m_end = pb.m_count;  // PREFIX: every query sees its first key
 }
 
 // DOCS: the CTA's first and one past its last query tile that is not EMPTY (range[0] >= range[1]: none), all threads
@@ -325,12 +338,32 @@ template <int N> DEVICE void ds_from_p(const float (&acc_s)[N], float (&acc_dp)[
     }
 }
 
+// SOFTCAP (not SPLIT), a sweep of its own first: acc_s becomes the capped logit minus lse2 (log2 units), acc_dp
+// becomes (dP^T - delta[q]) (1 - tanh^2), with tanh = 1 - r, 1 - tanh^2 = r (2 - r); probabilities then takes the
+// logits as they are.
+template <int N>
+DEVICE void softcap_logits(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
+                           const Problem& pb, int t) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int idx = 4 * i + j;
+            const float r = one_minus_tanh(acc_s[idx] * pb.cap_in);
+            acc_s[idx] = fmaf(-pb.cap_out, r, pb.cap_out - (j % 2 ? l.y : l.x));
+            acc_dp[idx] = (acc_dp[idx] - (j % 2 ? dl.y : dl.x)) * (r * (2.0f - r));
+        }
+    }
+}
+
 // Step b, in place: acc_s (S^T) becomes P^T = 2^(S^T scale log2 e - lse2[q]), acc_dp (dP^T) becomes
 // dS^T = P^T (dP^T - delta[q]). MASK: P^T = 0 where key >= Tk or key is outside the band; a select, not a product,
 // so an overflowing exponent of a hidden entry cannot leak; DOCS: also where the query's document (q_doc, the tile's
 // row buffer) is not the key's (k_docs, the CTA's key buffer; r0: the thread's first key row in the CTA's tile). A
 // padding query row q >= Tq needs no test: its Q and dO rows are TMA's zero fill and its lse2 is +inf, so P^T =
-// 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys.
+// 2^-inf = 0 and dS^T = 0. key[h]: this thread's two keys. SOFTCAP: softcap_logits first, then P^T from its logits.
 // SPLIT (EARLY_P): P^T only, acc_dp left alone (its wgmma may still run); ds_from_p does dS^T once it has completed.
 template <bool MASK, bool SPLIT, int N>
 DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* lse2, const float* delta,
@@ -341,25 +374,28 @@ DEVICE void probabilities(float (&acc_s)[N], float (&acc_dp)[N], const float* ls
 #pragma unroll
         for (int h = 0; h < 2; ++h) k_doc[h] = k_docs[r0 + 8 * h];
     }
+    if constexpr (SOFTCAP) softcap_logits(acc_s, acc_dp, lse2, delta, pb, t);
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {                 // query columns 8 i + 2 t, + 1
-        const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
-        const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+        const float2 l = SOFTCAP ? float2{0.0f, 0.0f} : *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+        const float2 dl = SOFTCAP ? float2{0.0f, 0.0f} : *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int idx = 4 * i + 2 * h + e;
                 const int q = q0 + 8 * i + 2 * t + e;
-                float x = fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
+                float x = SOFTCAP ? acc_s[idx] : fmaf(acc_s[idx], pb.scale_log2, -(e ? l.y : l.x));
                 if constexpr (ALIBI) x = fmaf(-pb.alibi, fabsf(static_cast<float>(key[h] - (q + pb.diag))), x);
                 float p = exp2_ftz(x);
                 if (MASK) {
-                    bool hidden = (key[h] >= pb.Tk) | (key[h] > q + pb.hi) | (key[h] < q + pb.lo);
+                    bool hidden = (key[h] > q + pb.hi) | (key[h] < q + pb.lo);
+                    if constexpr (PREFIX) hidden &= key[h] >= pb.prefix;  // a prefix key is seen whatever the band
+                    hidden |= key[h] >= pb.Tk;
                     if constexpr (DOCS) hidden |= q_doc[8 * i + 2 * t + e] != k_doc[h];
                     p = hidden ? 0.0f : p;
                 }
-                if constexpr (!SPLIT) acc_dp[idx] = p * (acc_dp[idx] - (e ? dl.y : dl.x));
+                if constexpr (!SPLIT) acc_dp[idx] = p * (SOFTCAP ? acc_dp[idx] : acc_dp[idx] - (e ? dl.y : dl.x));
                 acc_s[idx] = p;
             }
         }
@@ -575,7 +611,9 @@ DEVICE void consume(const Smem<T>& sm, const Problem& pb, const Docs& docs, int 
     const int k_last = pb.k0 + c * WGMMA_M + WGMMA_M - 1;         // the warpgroup's last key
     // step b tests each entry only in tiles that reach past Tk or an edge of the band (hoisted: fewer live registers)
     const bool past_tk = k_last >= pb.Tk;
-    const int below = k_last - pb.hi, above = k_last - (WGMMA_M - 1) - (T::BLOCK_M - 1) - pb.lo;
+    const bool in_prefix = PREFIX && k_last < pb.prefix;  // PREFIX: every key of the warpgroup in it, no band edges
+    const int below = in_prefix ? -0x7fffffff : k_last - pb.hi;  // q0 >= 0: no tile is below or above then
+    const int above = in_prefix ? 0x7fffffff : k_last - (WGMMA_M - 1) - (T::BLOCK_M - 1) - pb.lo;
     const u32 sk_rows = sm.sK() + c * WGMMA_M * SWIZZLE_BYTES, sv_rows = sm.sV() + c * WGMMA_M * SWIZZLE_BYTES;
     // this warpgroup's share of dQ_part: A = its 64-query half of sdS, or B = its 64-column half of sK
     const u32 ds_half = T::DQ_SPLIT_ROWS ? c * BLOCK_N * SWIZZLE_BYTES : 0;
@@ -696,7 +734,8 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
                                const TensorMap& map_do, const float* lse2, const float* delta, float* dq_acc,
                                int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale,
                                int left, int right, int group, const float* alibi_log2, const int* doc_q,
-                               const int* doc_k, const signed char* classes, int heads) {
+                               const int* doc_k, const signed char* classes, int heads, float cap_in,
+                               float cap_out, int prefix) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Shape<D>;
     extern __shared__ unsigned char smem_raw[];
@@ -721,6 +760,9 @@ DEVICE void attention_backward(const TensorMap& map_q, const TensorMap& map_k, c
     pb.scale = scale;
     pb.scale_log2 = scale_log2;
     pb.alibi = ALIBI ? alibi_log2[pb.bh] : 0.0f;
+    pb.cap_in = cap_in;
+    pb.cap_out = cap_out;
+    pb.prefix = prefix;
     pb.n_count = n_count;
     const long long b = pb.bh / heads;
     const Docs docs{DOCS ? doc_q + b * Tq : nullptr, DOCS ? doc_k + b * Tk : nullptr,
@@ -832,9 +874,9 @@ DEVICE void reduce_heads(const u16* __restrict__ part, u16* __restrict__ out, lo
     const __grid_constant__ TensorMap map_v, const __grid_constant__ TensorMap map_do, const float* lse2,           \
     const float* delta, float* dq_acc, int* turns, u16* dk, u16* dv, int Tq, int Tk, float scale_log2, float scale, \
     int left, int right, int group, const float* alibi_log2, const int* doc_q, const int* doc_k,                   \
-    const signed char* classes, int heads
+    const signed char* classes, int heads, float cap_in, float cap_out, int prefix
 #define MAIN_ARGS map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk, dv, Tq, Tk, scale_log2, scale, left, \
-    right, group, alibi_log2, doc_q, doc_k, classes, heads
+    right, group, alibi_log2, doc_q, doc_k, classes, heads, cap_in, cap_out, prefix
 #define MAIN_BOUNDS __launch_bounds__((1 + CONSUMERS) * WARPGROUP, 1)
 
 extern "C" __global__ void __launch_bounds__(PRE_WARPS * 32) hopper_bwd_preprocess_f16(PRE_PARAMS) {

@@ -101,28 +101,34 @@ def workspace_elements(B: int, H: int, Tq: int, d: int) -> int:
 _CHECKED: set = set()
 
 
-def schedule() -> dict:
-    """The schedule switches as this call's build takes them: {"EARLY_P": 0 or 1, "EARLY_KV": ..., "DQ_FIRST": ...}."""
-    return {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
+def schedule(softcap: bool = False) -> dict:
+    """The schedule switches as this call's build takes them: {"EARLY_P": 0 or 1, "EARLY_KV": ..., "DQ_FIRST": ...};
+    the soft-capping build always has EARLY_P = 0 (its dS^T needs 1 - tanh^2, which is not kept across the wait)."""
+    switches = {name: int(bool(globals()[name])) for name in SCHEDULE_SWITCHES}
+    return {**switches, "EARLY_P": 0} if softcap else switches
 
 
-def build_defines(deterministic: bool, alibi: bool = False, docs: bool = False) -> tuple:
+def build_defines(deterministic: bool, alibi: bool = False, docs: bool = False, softcap: bool = False,
+                  prefix: bool = False) -> tuple:
     """The -D list of this call's build: the tile sizes, DETERMINISTIC, DQ_BULK, the schedule switches and, for the
-    ALiBi and document builds only, ALIBI=1 and DOCS=1 (the other builds keep the defines, and so the machine code,
-    they had before them)."""
-    extra = (defines_from(ALIBI=1) if alibi else ()) + (defines_from(DOCS=1) if docs else ())
-    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule()) + extra
+    ALiBi, document, soft-capping and prefix-LM builds only, ALIBI=1, DOCS=1, SOFTCAP=1 and PREFIX=1 (the other builds
+    keep the defines, and so the machine code, they had before them)."""
+    extra = ((defines_from(ALIBI=1) if alibi else ()) + (defines_from(DOCS=1) if docs else ())
+             + (defines_from(SOFTCAP=1) if softcap else ()) + (defines_from(PREFIX=1) if prefix else ()))
+    return DEFINES + ORDER_DEFINES[bool(deterministic)] + defines_from(DQ_BULK=DQ_BULK, **schedule(softcap)) + extra
 
 
-def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False, docs: bool = False):
+def kernels(dtype: str, d: int, deterministic: bool, dev: int, alibi: bool = False, docs: bool = False,
+            softcap: bool = False, prefix: bool = False):
     """(preprocess, main, postprocess) of one build, compiled for sm_90a on first use; the main kernel's register
     count checked once per device (its consumers' setmaxnreg.inc would wait forever with fewer than LAUNCH_REGS).
     DQ_BULK and the schedule switches are read per call."""
-    switches = schedule()
-    defines = build_defines(deterministic, alibi, docs)
+    switches = schedule(softcap)
+    defines = build_defines(deterministic, alibi, docs, softcap, prefix)
     main = get_kernel(KERNEL_FILE, MAIN_NAMES[(dtype, d)], defines=defines, shared_mem=smem_bytes(d, docs=docs),
                       carveout=CARVEOUT_MAX_SHARED, arch=ARCH)
-    key = (dtype, d, bool(deterministic), bool(alibi), bool(docs), DQ_BULK, *switches.values(), dev)
+    key = (dtype, d, bool(deterministic), bool(alibi), bool(docs), bool(softcap), bool(prefix), DQ_BULK,
+           *switches.values(), dev)
     if key not in _CHECKED:
         if main.num_regs != LAUNCH_REGS:
             raise RuntimeError(f"{KERNEL_FILE}:{MAIN_NAMES[(dtype, d)]} was built with {main.num_regs} registers per "
@@ -143,7 +149,7 @@ def _check_like(x, name: str, shape: tuple, dtypes, dev: int) -> None:
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=False, dlse=None, window=None,
-             alibi_slopes=None, doc_ids_q=None, doc_ids_k=None):
+             alibi_slopes=None, doc_ids_q=None, doc_ids_k=None, softcap=None, prefix=None):
     """(dq, dk, dv) of o = attention(q, k, v) for the upstream gradient do, on Hopper's TMA and wgmma.
 
     q, o, do (B, H, Tq, d) and k, v (B, H, Tk, d), or (B, Hkv, Tk, d) with H a multiple of Hkv: C-contiguous float16
@@ -157,13 +163,18 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     float32, as the forward takes them (a build of its own, -D ALIBI=1). doc_ids_q (B, Tq), doc_ids_k (B, Tk) int32
     (doc_ids_k defaults to doc_ids_q when Tq == Tk): document masking as the forward's (a build of its own, -D DOCS=1;
     flash2_mma's class kernel classifies the (query tile, key tile) pairs first, and a key tile skips the EMPTY ones;
-    not with deterministic=True, whose turns need every key tile at every query tile). Raises TypeError /
-    ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper (compute
-    capability 9.x).
+    not with deterministic=True, whose turns need every key tile at every query tile). softcap: a float > 0, the
+    forward's tanh soft-capping of the scaled scores (a build of its own, -D SOFTCAP=1, with EARLY_P = 0; dS is
+    multiplied by the cap's derivative 1 - tanh^2). prefix: an int >= 0, prefix-LM as in the forward, the first
+    prefix keys seen by every query besides the band (a build of its own, -D PREFIX=1, for prefix > 0). Raises
+    TypeError / ValueError naming the argument and the limit, UnsupportedDeviceError on a GPU that is not a Hopper
+    (compute capability 9.x).
     """
     B, H, Hkv, Tq, Tk, d, scale = _validate_problem(q, k, v, scale)
     docs = doc_ids_q is not None or doc_ids_k is not None
-    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, docs=docs)  # Tq + Tk if unbounded
+    # the band (Tq + Tk where a side is unbounded) and softcap's cap_in, cap_out, checked as the forward checks them
+    band = variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, docs=docs,
+                        softcap=softcap)
     if deterministic and band.left < Tq + Tk:
         raise ValueError(f"window={window!r}: deterministic=True needs the window's left side unbounded (None), as "
                          f"its key tiles take turns from tile 0 at every query tile")
@@ -189,7 +200,8 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
     doc_ids_q, doc_ids_k = check_variant_arrays(doc_ids_q, doc_ids_k, alibi_slopes, B, H, Tq, Tk, dev)
     if alibi:  # (H,) float32 on this device, as the forward takes them; then slope log2 e per (batch, head)
         alibi_log2 = cp.tile(alibi_slopes * np.float32(LOG2E), B)
-    pre, main, post = kernels(dtype, d, deterministic, dev, alibi, docs)
+    capped, prefixed = softcap is not None, band.prefix > 0
+    pre, main, post = kernels(dtype, d, deterministic, dev, alibi, docs, capped, prefixed)
 
     Tq_pad = padded_rows(Tq, d)
     m_count = Tq_pad // BLOCK_M[d]
@@ -217,14 +229,15 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, deterministic=Fal
          (map_q, map_k, map_v, map_do, lse2, delta, dq_acc, turns, dk_out, dv_out, np.int32(Tq), np.int32(Tk),
           np.float32(scale * LOG2E), np.float32(scale), np.int32(band.left), np.int32(band.right), np.int32(group),
           alibi_log2 if alibi else NULL, NULL if classes is None else doc_ids_q,
-          NULL if classes is None else doc_ids_k, NULL if classes is None else classes, np.int32(H)),
+          NULL if classes is None else doc_ids_k, NULL if classes is None else classes, np.int32(H),
+          np.float32(band.cap_in), np.float32(band.cap_out), np.int32(band.prefix)),
          shared_mem=smem_bytes(d, docs=docs))
     quads = BH * Tq * d // 4
     post((min(ceil_div(quads, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),
          (dq_acc, dq, np.int64(quads), np.int32(d), np.int32(Tq), np.float32(scale)))
     if group > 1:
-        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype], defines=build_defines(deterministic, alibi, docs),
-                            arch=ARCH)
+        reduce = get_kernel(KERNEL_FILE, REDUCE_NAMES[dtype],
+                            defines=build_defines(deterministic, alibi, docs, capped, prefixed), arch=ARCH)
         pairs = k.size // 2
         for part, out in ((dk_out, dk), (dv_out, dv)):
             reduce((min(ceil_div(pairs, POST_BLOCK), POST_MAX_BLOCKS),), (POST_BLOCK,),

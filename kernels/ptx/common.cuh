@@ -1,9 +1,10 @@
 // ptx/common.cuh -- what every PTX header and kernel file shares: short integer names, the DEVICE shorthand, a
-// shared-memory address and 2^x on the special-function unit.
+// shared-memory address, 2^x on the special-function unit and the soft-capping kernels' tanh built on it.
 //
 // Copy this folder (kernels/ptx/) with any kernel file that includes it, and put its parent on the include path
 // (nvcc -I kernels, NVRTC -I<kernels>): kernel files include the headers as "ptx/NAME.cuh". Every function here is
-// one instruction or one conversion, force-inlined: a wrapper costs nothing over writing the asm in place.
+// one instruction or one conversion (the tanh pair: four), force-inlined: a wrapper costs nothing over writing the
+// asm in place.
 #ifndef COURSE_PTX_COMMON_CUH
 #define COURSE_PTX_COMMON_CUH
 
@@ -25,5 +26,11 @@ DEVICE float exp2_ftz(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+
+// tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1): one MUFU.EX2 and a fast divide, an absolute error near 1e-7, where
+// tanh.approx's relative 2^-11, times a softcap of 30, would move a logit by 0.015; +-1 for large |x| (2^... = inf or
+// 0). Every kernel that soft-caps scores uses these two; a backward takes r = 1 - tanh, as 1 - tanh^2 = r (2 - r).
+DEVICE float one_minus_tanh(float x) { return __fdividef(2.0f, exp2_ftz(x * 2.8853900817779268f) + 1.0f); }
+DEVICE float tanh_exp2(float x) { return 1.0f - one_minus_tanh(x); }
 
 #endif  // COURSE_PTX_COMMON_CUH
