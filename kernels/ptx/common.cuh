@@ -3,8 +3,8 @@
 //
 // Copy this folder (kernels/ptx/) with any kernel file that includes it, and put its parent on the include path
 // (nvcc -I kernels, NVRTC -I<kernels>): kernel files include the headers as "ptx/NAME.cuh". Every function here is
-// one instruction or one conversion (the tanh pair: four), force-inlined: a wrapper costs nothing over writing the
-// asm in place.
+// one instruction or one conversion (the tanh pair: a handful of arithmetic instructions), force-inlined: a wrapper
+// costs nothing over writing the asm in place.
 #ifndef COURSE_PTX_COMMON_CUH
 #define COURSE_PTX_COMMON_CUH
 
