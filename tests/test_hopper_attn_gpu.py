@@ -182,8 +182,12 @@ def test_bad_persistent_raises(hopper):
     x = cp.zeros((1, 1, 64, 128), cp.float16)
     with pytest.raises(ValueError, match=r"persistent='always': must be one of None, False, True, 'dynamic'"):
         A.forward(x, x, x, persistent="always")
+    ids = cp.zeros((1, 64), cp.int32)
     with pytest.raises(ValueError, match=r"persistent='dynamic': must be one of None, False, True$"):
-        A.forward(x, x, x, softcap=10.0, persistent="dynamic")  # the variant kernels: the first three
+        A.forward(x, x, x, doc_ids_q=ids, persistent="dynamic")  # the variant kernels with documents: the first three
+    y = cp.zeros((1, 1, 64, 256), cp.float16)
+    with pytest.raises(ValueError, match=r"persistent='dynamic': must be one of None, False, True$"):
+        A.forward(y, y, y, softcap=10.0, persistent="dynamic")  # and at d = 256
 
 
 @pytest.mark.parametrize("tiles, words", [

@@ -73,8 +73,9 @@
 //   tile_counter: nullptr (the fixed order), or one int, 0 at launch, that the dynamic schedule counts with.
 // Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
 //   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
-//   left, int right, int prefix, float cap_in, float cap_out): map_k, map_v over B * Hkv; nullptr for arrays a build
-//   does not read; classes from flash2_mma_doc_classes (br = BLOCK_M, bc = BLOCK_N) with 3 readable bytes past its end.
+//   left, int right, int prefix, float cap_in, float cap_out, int* tile_counter): map_k, map_v over B * Hkv; nullptr
+//   for arrays a build does not read; classes from flash2_mma_doc_classes (br = BLOCK_M, bc = BLOCK_N) with 3 readable
+//   bytes past its end; tile_counter as above, ignored (the round robin) by the builds with documents or at D = 256.
 //
 // Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
 // kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
@@ -544,8 +545,12 @@ template <int MODS> DEVICE auto consumer_rows(const RowInfo& r, int bh, int Tq, 
         return variant_rows<MODS>(r, bh, Tq, va);
 }
 
+// Soft-capping without ALiBi leaves t = tanh(s cap_in) in S: the logit cap_out t is taken in the exponent (one FFMA,
+// as a dense build takes its scale), not as a product of its own.
+template <int MODS> constexpr bool CAP_ONLY = (MODS & MOD_SOFTCAP) != 0 && (MODS & MOD_ALIBI) == 0;
+
 // The score modifiers on one tile of S (raw q.k), in place: each score becomes its logit in log2 units, scale ->
-// softcap -> ALiBi as in reference/variants.py, so the softmax that follows takes a scale of 1.
+// softcap -> ALiBi as in reference/variants.py, so the softmax that follows takes a scale of 1 (with CAP_ONLY, t).
 template <int MODS, int N>
 DEVICE void score_mods(float (&acc_s)[N], const RowInfo& r, const VariantRows& v, int n0) {
     float rel0[2];                                   // j - c_i of the thread's first key of the tile (exact < 2^24)
@@ -558,8 +563,10 @@ DEVICE void score_mods(float (&acc_s)[N], const RowInfo& r, const VariantRows& v
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float x = acc_s[4 * i + 2 * h + e];
-                if constexpr ((MODS & MOD_SOFTCAP) != 0)
-                    x = v.cap_out * tanh_exp2(x * v.cap_in);
+                if constexpr (CAP_ONLY<MODS>)
+                    x = tanh_approx(x * v.cap_in);
+                else if constexpr ((MODS & MOD_SOFTCAP) != 0)
+                    x = v.cap_out * tanh_approx(x * v.cap_in);
                 else
                     x *= r.scale_log2;
                 if constexpr ((MODS & MOD_ALIBI) != 0)
@@ -606,7 +613,7 @@ DEVICE void tile_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum
 // One tile of the online softmax in a variant build: the score modifiers, the mask on a tile that is not FULL for
 // this warpgroup's rows (keys < Tk, each in the prefix or in the band of every row, and, with MOD_DOCS, a FULL class),
 // then the same update as online_softmax. Without modifiers a FULL tile keeps its raw scores (the scale folded into
-// the exponent, as online_softmax does).
+// the exponent, as online_softmax does); with CAP_ONLY every tile keeps t, cap_out folded into the exponent alike.
 template <int N, int MODS>
 DEVICE void tile_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2],
                          const RowInfo& r, const KeyTiles<MODS>& kt, const VariantRows& v, int t) {
@@ -616,16 +623,18 @@ DEVICE void tile_softmax(float (&acc_s)[N], float (&row_max)[2], float (&row_sum
     if constexpr ((MODS & MOD_DOCS) != 0) full = full && kt.classes[t] == TILE_FULL;
     if constexpr (MODDED) score_mods<MODS>(acc_s, r, v, n0);
     if (!full) variant_mask<MODS, !MODDED>(acc_s, r, v, n0);
-    const bool scaled = MODDED || !full;             // the scores are logits in log2 units already
+    // the scores are logits in log2 units already, or (raw scores, CAP_ONLY's t) the exponent multiplies them by unit
+    const bool scaled = (MODDED && !CAP_ONLY<MODS>) || (!MODDED && !full);
+    const float unit = CAP_ONLY<MODS> ? v.cap_out : r.scale_log2;
     float ext[2];
-    if (scaled || r.scale_log2 >= 0.0f) {
+    if (scaled || unit >= 0.0f) {
         ext[0] = ext[1] = NEG_INF;
         raw_extreme<true>(acc_s, ext);
     } else {                                         // raw scores and scale < 0: the smallest is the largest logit
         ext[0] = ext[1] = -NEG_INF;
         raw_extreme<false>(acc_s, ext);
     }
-    const float mul = scaled ? 1.0f : r.scale_log2;
+    const float mul = scaled ? 1.0f : unit;
     const float tile_max[2] = {ext[0] * mul, ext[1] * mul};
     softmax_update(acc_s, tile_max, row_max, row_sum, alpha, mul);
 }
@@ -1083,16 +1092,19 @@ extern "C" __global__ void __launch_bounds__(Shape<256>::THREADS, 1) hopper_attn
 // MOD_ALIBI (the switches of the build): hopper_attn_variants_{f16,bf16}_d{64,128}, the header's "Variant kernels".
 static_assert(VARIANT_MODS >= 0 && VARIANT_MODS < MOD_VARIANT, "VARIANT_MODS: a sum of MOD_DOCS, MOD_SOFTCAP and "
                                                                 "MOD_ALIBI");
+// The dynamic schedule's producer fits its registers beside key_tiles only without documents and at D <= 128; the
+// other builds take the argument and run the round robin.
+#define VARIANT_DYNAMIC(D) ((VARIANT_MODS & MOD_DOCS) == 0 && (D) <= 128)
 #define HOPPER_ATTN_VARIANTS(NAME, D, BF16)                                                                         \
     __global__ void __launch_bounds__(Shape<D>::THREADS, 1)                                                         \
     NAME(const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                          \
          const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2,  \
          const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq,         \
-         int group, int left, int right, int prefix, float cap_in, float cap_out) {                                 \
+         int group, int left, int right, int prefix, float cap_in, float cap_out, int* tile_counter) {              \
         attention_forward<D, BF16, VARIANT_MODS | MOD_VARIANT>(                                                     \
             map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, 0,                                              \
             VariantArgs{doc_q, doc_k, classes, alibi_slopes, Hq, group, left, right, prefix, cap_in, cap_out},      \
-            nullptr);  /* the round robin: the dynamic schedule's producer would spill beside key_tiles */          \
+            VARIANT_DYNAMIC(D) ? tile_counter : nullptr);                                                           \
     }
 extern "C" {
 HOPPER_ATTN_VARIANTS(hopper_attn_variants_f16_d64, 64, false)

@@ -102,6 +102,15 @@ def default_launch(d: int, causal: bool):
     return "dynamic" if d in DYNAMIC_CAUSAL_DS else False
 
 
+def variant_launch(d: int, masked: bool, docs: bool):
+    """The launch forward_variants() uses when given persistent=None: True without a mask (causal, window or prefix)
+    and documents; with a mask default_launch's choice for the causal mask where the build has the dynamic schedule
+    (no documents, DYNAMIC_CAUSAL_DS), else False (one CTA per work tile)."""
+    if not (masked or docs):
+        return True
+    return "dynamic" if not docs and d in DYNAMIC_CAUSAL_DS else False
+
+
 def default_tiles(d: int, causal: bool, Tq: int) -> Tiles:
     """The tiling forward() uses when it is given none."""
     if d == 64 and causal and Tq <= SHORT_CAUSAL_TQ:
@@ -220,7 +229,8 @@ def _check_problem(BH: int, H: int, Tq: int, Tk: int, d: int, tiles, default) ->
     return tiles, work
 
 
-PERSISTENT = (None, False, True, "dynamic")  # forward()'s launches; the variant kernels have the first three
+PERSISTENT = (None, False, True, "dynamic")  # forward()'s launches; the variant kernels' with documents or at d = 256:
+# the first three (their producer has no registers left for the dynamic schedule: VARIANT_DYNAMIC in the .cu)
 
 
 def _check_persistent(persistent, allowed) -> None:
@@ -331,9 +341,9 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
     doc_ids_k (B, Tk) int32 (doc_ids_k defaults to doc_ids_q when Tq == Tk), alibi_slopes (Hq,) float32 and softcap as
     flash2_mma.forward takes them (its variant_spec and check_variant_arrays check them, with the same messages).
     Returns o (B, Hq, Tq, d) and with return_lse lse (B, Hq, Tq) float32 (-inf for a row that sees no key, whose o
-    is 0). overlap, pingpong, lazy_rescale, tiles and persistent as forward() takes them; the tiling defaults to
-    VARIANT_TILES, the launch is persistent by default only without a mask. With document ids flash2_mma's class
-    kernel classifies the (query tile, key tile) pairs first (one more launch per call)."""
+    is 0). overlap, pingpong, lazy_rescale, tiles and persistent as forward() takes them (but "dynamic" only without
+    documents and at d = 64 or 128); the tiling defaults to VARIANT_TILES, the launch to variant_launch(). With document
+    ids flash2_mma's class kernel classifies the (query tile, key tile) pairs first (one more launch per call)."""
     B, Hq, Tq, Tk, d, scale = _validate_qkv(q, k, v, scale)
     docs, alibi = doc_ids_q is not None or doc_ids_k is not None, alibi_slopes is not None
     spec = F.variant_spec(q.shape, k.shape, scale, causal=causal, window=window, prefix=prefix, softcap=softcap,
@@ -355,17 +365,20 @@ def forward_variants(q, k, v, *, causal=False, scale=None, return_lse=False, ove
     map_v = hopper_gemm.tensor_map(v, B * Hkv, Tk, d, tiles.block_n)
     # (B, m_count, n_count) int8 classes at this tiling (the kernel reads them in the same layout)
     classes = F.doc_classes(doc_ids_q, doc_ids_k, B, Tq, Tk, tiles.block_m, tiles.block_n) if docs else None
-    _check_persistent(persistent, PERSISTENT[:3])  # their producer has no room for the dynamic schedule
+    dynamic = not docs and d in DYNAMIC_CAUSAL_DS
+    _check_persistent(persistent, PERSISTENT if dynamic else PERSISTENT[:3])
     if persistent is None:
-        persistent = not (causal or window is not None or prefix is not None or docs)
+        persistent = variant_launch(d, causal or window is not None or prefix is not None, docs)
     grid = min(work, device_info(dev).sm_count) if persistent else work
+    counter = cp.zeros(1, dtype=cp.int32) if persistent == "dynamic" else None
     kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale, spec.mods)(
         (grid,), (tiles.threads,),
         (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(B * Hq),
          np.float32(scale * LOG2E), NULL if doc_ids_q is None else doc_ids_q,
          NULL if doc_ids_k is None else doc_ids_k, NULL if classes is None else classes,
          NULL if alibi_slopes is None else alibi_slopes, np.int32(Hq), np.int32(spec.group), np.int32(spec.left),
-         np.int32(spec.right), np.int32(spec.prefix), np.float32(spec.cap_in), np.float32(spec.cap_out)),
+         np.int32(spec.right), np.int32(spec.prefix), np.float32(spec.cap_in), np.float32(spec.cap_out),
+         NULL if counter is None else counter),
         shared_mem=smem_bytes(d, tiles))
     return (o, lse) if return_lse else o
 

@@ -1,9 +1,9 @@
 // ptx/common.cuh -- what every PTX header and kernel file shares: short integer names, the DEVICE shorthand, a
-// shared-memory address, 2^x on the special-function unit and the soft-capping kernels' tanh built on it.
+// shared-memory address, 2^x on the special-function unit, and tanh for the soft-capping kernels.
 //
 // Copy this folder (kernels/ptx/) with any kernel file that includes it, and put its parent on the include path
 // (nvcc -I kernels, NVRTC -I<kernels>): kernel files include the headers as "ptx/NAME.cuh". Every function here is
-// one instruction or one conversion (the tanh pair: a handful of arithmetic instructions), force-inlined: a wrapper
+// one instruction or one conversion (the tanh helpers: a handful of arithmetic instructions), force-inlined: a wrapper
 // costs nothing over writing the asm in place.
 #ifndef COURSE_PTX_COMMON_CUH
 #define COURSE_PTX_COMMON_CUH
@@ -27,10 +27,20 @@ DEVICE float exp2_ftz(float x) {
     return y;
 }
 
-// tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1): one MUFU.EX2 and a fast divide, an absolute error near 1e-7, where
-// tanh.approx's relative 2^-11, times a softcap of 30, would move a logit by 0.015; +-1 for large |x| (2^... = inf or
-// 0). Every kernel that soft-caps scores uses these two; a backward takes r = 1 - tanh, as 1 - tanh^2 = r (2 - r).
+// tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1): one MUFU.EX2 and a fast divide, an absolute error near 1e-7; +-1 for large
+// |x| (2^... = inf or 0). The mma.sync kernels soft-cap with these two, forward and backward. A backward takes
+// r = 1 - tanh, as 1 - tanh^2 = r (2 - r): computed as r, it keeps its relative precision where tanh saturates.
 DEVICE float one_minus_tanh(float x) { return __fdividef(2.0f, exp2_ftz(x * 2.8853900817779268f) + 1.0f); }
 DEVICE float tanh_exp2(float x) { return 1.0f - one_minus_tanh(x); }
+
+// tanh(x) with one MUFU.TANH (tanh.approx.f32, sm_75 and later): one special-function operation where tanh_exp2 takes
+// two, for a forward whose softmax already spends one per score on 2^x. Its absolute error is at most 7.8e-6 on the
+// H100 (tests/test_hopper_variants_gpu.py measures it; the PTX ISA documents a looser bound): a softcap of 30
+// moves a logit by at most 2.3e-4, under float16's rounding of p. +-1 for large |x|, NaN for NaN.
+DEVICE float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #endif  // COURSE_PTX_COMMON_CUH
