@@ -111,8 +111,17 @@ def test_tanh_error(hopper, poison):
 @pytest.mark.parametrize("Hkv", [8, 4, 2, 1])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_ratios(hopper, poison, Hkv, causal):
-    """Hq / Hkv = 1, 2, 4, 8 with no other option (Hkv = Hq takes the dense kernel, the others the variant kernel)."""
+    """Hq / Hkv = 1, 2, 4, 8 with no other option: the dense kernel, its tensor maps of k and v over B Hkv heads."""
     _check(hopper, "float16", 128, 2, 8, Hkv, 193, 150, 1.0, dict(causal=causal))
+
+
+@pytest.mark.parametrize("launch", [False, True, "dynamic"])
+@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 256)])
+def test_gqa_in_the_dense_kernel_every_launch(hopper, poison, dtype, d, launch):
+    """Grouped heads in the dense kernel with each launch, more work tiles than SMs (a CTA walks several heads, each
+    reading its group's K and V); Tq < Tk and std 10 under the causal mask."""
+    _check(hopper, dtype, d, 2, 16, 4, 1000, 1000, 1.0, dict(causal=True), persistent=launch)
+    _check(hopper, dtype, d, 1, 8, 2, 300, 457, 10.0, dict(causal=True), persistent=launch)
 
 
 def test_bad_inputs_are_clear_errors(hopper):

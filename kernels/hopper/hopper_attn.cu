@@ -3,13 +3,14 @@
 //
 // What it computes
 //   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)
-//   (natural log) for q (B, H, Tq, D), k and v (B, H, Tk, D), row-major, D = 64, 128 or 256, float16 or bfloat16.
+//   (natural log) for q (B, H, Tq, D), k and v (B, H / group, Tk, D) (query head h reads kv head h / group: grouped-
+//   query attention, group = 1 without), row-major, D = 64, 128 or 256, float16 or bfloat16.
 //   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
 //   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu; the engines of hopper_gemm.cu (TMA rings, a producer
 //   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own. Variant builds (-D
-//   VARIANT_MODS) compute reference/variants.py's attention_variant: k, v with Hkv = H / group heads (query head h
-//   reads kv head h / group), a band c - left <= j <= c + right (c = i + Tk - Tq; causal: right = 0), a prefix,
-//   document ids, tanh soft-capping and ALiBi (the sum of MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI says which code is built).
+//   VARIANT_MODS) compute reference/variants.py's attention_variant: grouped heads too, a band c - left <= j <= c +
+//   right (c = i + Tk - Tq; causal: right = 0), a prefix, document ids, tanh soft-capping and ALiBi (the sum of
+//   MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI says which code is built).
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
 // c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent"; or, given tile_counter, w =
@@ -66,16 +67,18 @@
 //
 // Kernels (extern "C"): hopper_attn_{f16,bf16}_d{64,128,256}
 //   (const __grid_constant__ TensorMap map_q, map_k, map_v, u16* o, float* lse, int Tq, int Tk, int heads,
-//    float scale_log2, int causal, int* tile_counter)
-//   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) 16-bit tensors (innermost first), boxes of 64 columns
-//   x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D), the inputs' type. lse: (B, H,
-//   Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 = scale * log2(e); causal: 0 or 1;
-//   tile_counter: nullptr (the fixed order), or one int, 0 at launch, that the dynamic schedule counts with.
-// Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2,
-//   const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq, int group, int
-//   left, int right, int prefix, float cap_in, float cap_out, int* tile_counter): map_k, map_v over B * Hkv; nullptr
-//   for arrays a build does not read; classes from flash2_mma_doc_classes (br = BLOCK_M, bc = BLOCK_N) with 3 readable
-//   bytes past its end; tile_counter as above, ignored (the round robin) by the builds with documents or at D = 256.
+//    float scale_log2, int causal, int* tile_counter, int group)
+//   map_q, map_k, map_v: CUtensorMaps of q, k, v as (D, T, B*H) and (D, T, B*H/group) 16-bit tensors (innermost
+//   first), boxes of 64 columns x BLOCK_M (q) or BLOCK_N (k, v) rows, 128-byte swizzle, zero fill. o: (B, H, Tq, D),
+//   the inputs' type. lse: (B, H, Tq) float32, or nullptr for none. Tq, Tk: lengths; heads = B * H; scale_log2 =
+//   scale * log2(e); causal: 0 or 1; tile_counter: nullptr (the fixed order), or one int, 0 at launch, that the
+//   dynamic schedule counts with; group: query heads per kv head, >= 1.
+// Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads,
+//   scale_log2, const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq,
+//   int group, int left, int right, int prefix, float cap_in, float cap_out, int* tile_counter): map_k, map_v over
+//   B * Hkv; nullptr for arrays a build does not read; classes from flash2_mma_doc_classes (br = BLOCK_M,
+//   bc = BLOCK_N) with 3 readable bytes past its end; tile_counter as above, ignored (the round robin) by the builds
+//   with documents or at D = 256.
 //
 // Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
 // kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
@@ -829,9 +832,10 @@ DEVICE void produce(const Smem<T>& sm, const Work<T>& work, TileQueue queue, con
             const int n_tiles = kv_tiles<T::BLOCK_M, T::BLOCK_N>(m0, Tq, Tk, causal);
             if (n_tiles == 0) continue;           // no row of the tile sees a key: the consumers write zeros
             load_q(sm, map_q, q_phase, m0, bh);
+            const int kvh = bh / va.group;        // the kv head of query head bh
             for (int j = 0; j <= n_tiles; ++j) {
-                if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, bh);
-                if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, bh);
+                if (j < n_tiles) load_kv<T>(map_k, kpos, sm.k_full, sm.k_empty, sm.sK(kpos.s), j, kvh);
+                if (j > 0) load_kv<T>(map_v, vpos, sm.v_full, sm.v_empty, sm.sV(vpos.s), j - 1, kvh);
             }
         } else {                                  // the same over key_tiles' tiles j, from kv head bh / group
             const KeyTiles<MODS> kt = key_tiles<T, MODS>(m0, bh, Tq, Tk, va);
@@ -1020,7 +1024,8 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
     // ---- set-up: the work tiles, the shared memory aligned, the barriers initialised ----------------------------
     const int m_count = (Tq + T::BLOCK_M - 1) / T::BLOCK_M;
     const int work_count = m_count * heads;
-    const long long fit = L2_SECTION_BYTES / (4ll * Tk * D);  // Work::section: heads whose K and V fit, 1..heads
+    const long long fit = L2_SECTION_BYTES / (4ll * Tk * D) * va.group;  // Work::section: the heads whose K and V
+    // fit, 1..heads (a group of heads shares one K and V)
     const int section = fit < 1 ? 1 : fit > heads ? heads : static_cast<int>(fit);
     const u32 base = (smem_addr(smem_raw) + SMEM_ALIGN - 1) & ~u32(SMEM_ALIGN - 1);
     const int warpgroup = threadIdx.x / WARPGROUP;
@@ -1066,8 +1071,10 @@ DEVICE void attention_forward(const TensorMap& map_q, const TensorMap& map_k, co
 #define HOPPER_ATTN_PARAMS                                                                                          \
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_k,                               \
     const __grid_constant__ TensorMap map_v, u16* o, float* lse, int Tq, int Tk, int heads, float scale_log2,         \
-    int causal, int* tile_counter
-#define HOPPER_ATTN_ARGS map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal, VariantArgs{}, tile_counter
+    int causal, int* tile_counter, int group
+#define HOPPER_ATTN_ARGS                                                                                            \
+    map_q, map_k, map_v, o, lse, Tq, Tk, heads, scale_log2, causal,                                                 \
+    VariantArgs{nullptr, nullptr, nullptr, nullptr, 0, group, 0, 0, 0, 0.0f, 0.0f}, tile_counter
 
 extern "C" __global__ void __launch_bounds__(Shape<64>::THREADS, 1) hopper_attn_f16_d64(HOPPER_ATTN_PARAMS) {
     attention_forward<64, false, 0>(HOPPER_ATTN_ARGS);

@@ -243,8 +243,9 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
             softcap=None):
     """softmax(scale q k^T) v with TMA and wgmma, scheduled as FlashAttention-3 does.
 
-    q (B, H, Tq, d), k and v (B, H, Tk, d): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one
-    dtype, 16-byte aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o
+    q (B, H, Tq, d), k and v (B, Hkv, Tk, d) with H a multiple of Hkv (grouped-query attention: query head h reads kv
+    head h // (H / Hkv)): C-contiguous float16 or bfloat16 CuPy arrays on the current device, one dtype, 16-byte
+    aligned, d = 64, 128 or 256. scale defaults to 1/sqrt(d) (any finite value). Returns o
     (B, H, Tq, d) of the inputs' dtype, and with return_lse also lse (B, H, Tq) float32 (natural log; -inf for a row
     that sees no key).
     Raises TypeError / ValueError naming the argument and the limit for anything else, UnsupportedDeviceError on a
@@ -267,17 +268,17 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     "dynamic" at d = 64 and 128, where the fixed round robin would give some SMs only long tiles, and False at
     d = 256.
 
-    window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap, or k and v with fewer heads than q: the variant
-    kernels (forward_variants; reference.attention_variant is their oracle). Without them, the kernels as before.
+    window, prefix, doc_ids_q, doc_ids_k, alibi_slopes, softcap: the variant kernels (forward_variants;
+    reference.attention_variant is their oracle). Without them, the kernels as before.
     """
     if (window is not None or prefix is not None or doc_ids_q is not None or doc_ids_k is not None
-            or alibi_slopes is not None or softcap is not None or _fewer_kv_heads(q, k)):
+            or alibi_slopes is not None or softcap is not None):
         return forward_variants(q, k, v, causal=causal, scale=scale, return_lse=return_lse, overlap=overlap,
                                 pingpong=pingpong, lazy_rescale=lazy_rescale, tiles=tiles, persistent=persistent,
                                 window=window, prefix=prefix, doc_ids_q=doc_ids_q, doc_ids_k=doc_ids_k,
                                 alibi_slopes=alibi_slopes, softcap=softcap)
-    B, H, Tq, Tk, d, scale = validate_attention(q, k, v, dtypes=DTYPE_SET, max_d=MAX_D, min_cc=MIN_CC, what=WHAT,
-                                                scale=scale, align=ALIGN)
+    B, H, Tq, Tk, d, scale = _validate_qkv(q, k, v, scale)
+    group = F.variant_spec(q.shape, k.shape, scale, causal=causal).group  # H % Hkv checked there, as for the variants
     _check_persistent(persistent, PERSISTENT)
     tiles, work = _check_problem(B * H, H, Tq, Tk, d, tiles, lambda d: default_tiles(d, causal, Tq))
     hopper_gemm.check_hopper()  # compute capability 9.x exactly: an sm_90a CUBIN runs nowhere else
@@ -288,8 +289,8 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     lse = cp.empty((B, H, Tq), dtype=cp.float32) if return_lse else None
     BH = B * H
     map_q = hopper_gemm.tensor_map(q, BH, Tq, d, tiles.block_m)  # boxes of 64 columns x block_m rows, 128-byte swizzle
-    map_k = hopper_gemm.tensor_map(k, BH, Tk, d, tiles.block_n)
-    map_v = hopper_gemm.tensor_map(v, BH, Tk, d, tiles.block_n)
+    map_k = hopper_gemm.tensor_map(k, BH // group, Tk, d, tiles.block_n)  # query head h reads kv head h / group
+    map_v = hopper_gemm.tensor_map(v, BH // group, Tk, d, tiles.block_n)
     if persistent is None:
         persistent = default_launch(d, causal)
     grid = min(work, device_info(dev).sm_count) if persistent else work
@@ -297,7 +298,7 @@ def forward(q, k, v, *, causal=False, scale=None, return_lse=False, overlap=True
     kernel(dtype, d, tiles, dev, overlap, pingpong, lazy_rescale)(
         (grid,), (tiles.threads,),
         (map_q, map_k, map_v, o, NULL if lse is None else lse, np.int32(Tq), np.int32(Tk), np.int32(BH),
-         np.float32(scale * LOG2E), np.int32(bool(causal)), NULL if counter is None else counter),
+         np.float32(scale * LOG2E), np.int32(bool(causal)), NULL if counter is None else counter, np.int32(group)),
         shared_mem=smem_bytes(d, tiles))
     return (o, lse) if return_lse else o
 
