@@ -2,15 +2,13 @@
 // S = Q K^T, wgmma with P in registers for O += P V (fp16/bf16 in, float32 accumulation, float32 LSE).
 //
 // What it computes
-//   o[b, h] = softmax(scale q[b, h] k[b, h]^T + mask) v[b, h] and lse[b, h, i] = log sum_j exp(scale q_i . k_j)
-//   (natural log) for q (B, H, Tq, D), k and v (B, H / group, Tk, D) (query head h reads kv head h / group: grouped-
-//   query attention, group = 1 without), row-major, D = 64, 128 or 256, float16 or bfloat16.
-//   Causal masking is bottom-right aligned: query i sees key j when j <= i + Tk - Tq. A query row that sees no key
-//   gives o = 0 and lse = -inf. Same contract as flash2_mma.cu; the engines of hopper_gemm.cu (TMA rings, a producer
-//   warp, consumer warpgroups on wgmma), with K and V in rings and barriers of their own. Variant builds (-D
-//   VARIANT_MODS) compute reference/variants.py's attention_variant: grouped heads too, a band c - left <= j <= c +
-//   right (c = i + Tk - Tq; causal: right = 0), a prefix, document ids, tanh soft-capping and ALiBi (the sum of
-//   MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI says which code is built).
+//   o[b, h] = softmax(scale q[b, h] k[b, h / group]^T + mask) v[b, h / group], lse[b, h, i] = log sum_j exp(scale
+//   q_i . k_j) (natural log) for q (B, H, Tq, D), k and v (B, H / group, Tk, D) (group = 1 without grouped-query
+//   heads), row-major, D = 64, 128 or 256, float16 or bfloat16. Causal masking is bottom-right aligned: query i sees
+//   key j when j <= i + Tk - Tq; a query row that sees no key gives o = 0 and lse = -inf (flash2_mma.cu's contract).
+//   The engines of hopper_gemm.cu (TMA rings, a producer warp, consumer warpgroups on wgmma), K and V in rings of
+//   their own. Variant builds (-D VARIANT_MODS, a sum of MOD_DOCS, MOD_SOFTCAP, MOD_ALIBI) compute attention_variant
+//   (reference/variants.py): a band c - left <= j <= c + right (c = i + Tk - Tq), a prefix, documents, softcap, ALiBi.
 //
 // Algorithm (work tile w = query tile m_count - 1 - w % m_count of (batch, head) w / m_count; CTA c takes w = c,
 // c + gridDim.x, ...: one CTA per work tile, or one per SM that walks them, "persistent"; or, given tile_counter, w =
@@ -57,8 +55,7 @@
 //   (three consumer warpgroups); D = 128: 128 x 176, 2 slots, 128 x 128 under the causal mask; D = 256: 128 x 64, 2.
 //
 // Launch configuration
-//   grid  = m_count * heads (m_count = ceil(Tq / BLOCK_M), heads = B H), or the number of SMs (persistent: the
-//           launcher's choice without the causal mask, where all work tiles cost the same)
+//   grid  = m_count * heads (m_count = ceil(Tq / BLOCK_M), heads = B H), or the number of SMs (persistent)
 //   block = 128 (1 + C) threads, C = BLOCK_M / 64 = 2 or 3 consumer warpgroups after the producer warpgroup
 //   dynamic shared memory = BLOCK_M D 2 + STAGES 2 BLOCK_N D 2 + 1024 (alignment slack): 156672 bytes at D = 64,
 //           214016 at D = 128, 164864 under the causal mask, 197632 at D = 256 (SMEM_BYTES); barriers static
@@ -75,10 +72,9 @@
 //   dynamic schedule counts with; group: query heads per kv head, >= 1.
 // Variant kernels: hopper_attn_variants_{f16,bf16}_d{64,128,256}(map_q, map_k, map_v, o, lse, Tq, Tk, heads,
 //   scale_log2, const int* doc_q, const int* doc_k, const signed char* classes, const float* alibi_slopes, int Hq,
-//   int group, int left, int right, int prefix, float cap_in, float cap_out, int* tile_counter): map_k, map_v over
-//   B * Hkv; nullptr for arrays a build does not read; classes from flash2_mma_doc_classes (br = BLOCK_M,
-//   bc = BLOCK_N) with 3 readable bytes past its end; tile_counter as above, ignored (the round robin) by the builds
-//   with documents or at D = 256.
+//   int group, int left, int right, int prefix, float cap_in, float cap_out, int* tile_counter): nullptr for arrays
+//   a build does not read; classes from flash2_mma_doc_classes (BLOCK_M x BLOCK_N tiles) with 3 readable bytes past
+//   its end; tile_counter ignored (the round robin) with documents or at D = 256.
 //
 // Needs Hopper: compute capability 9.0 and the sm_90a target (wgmma, setmaxnreg, TMA); built for another target the
 // kernels are stubs that trap. Includes ptx/mbarrier.cuh, ptx/tma.cuh, ptx/wgmma.cuh and ptx/mma_sync.cuh (pack2).
