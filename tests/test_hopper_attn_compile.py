@@ -133,7 +133,8 @@ def test_tensor_maps_are_128_byte_parameters(cubin, cuobjdump):
     for name in A.KERNEL_NAMES.values():
         params = {int(o, 16): int(s, 16) for o, s in
                   re.findall(r"Ordinal : (0x[0-9a-f]+)\s+Offset\s*: 0x[0-9a-f]+\s+Size\s*: (0x[0-9a-f]+)", info[name])}
-        assert params == {0: 128, 1: 128, 2: 128, 3: 8, 4: 8, 5: 4, 6: 4, 7: 4, 8: 4, 9: 4, 10: 8, 11: 4}, f"{name}: {params}"
+        assert params == {0: 128, 1: 128, 2: 128, 3: 8, 4: 8, 5: 4, 6: 4, 7: 4, 8: 4, 9: 4, 10: 8, 11: 4}, \
+            f"{name}: {params}"
 
 
 def test_constants_agree_with_the_kernel():
