@@ -2,6 +2,7 @@
 
     o = forward(q, k, v, causal=True)                          # (B, H, T, d) float16 or bfloat16 CuPy arrays
     o, lse = forward(q, k, v, causal=True, return_lse=True)    # lse: (B, H, Tq) float32, natural log
+    o = forward(q, k, v, causal=True)                          # k, v (B, Hkv, T, d), H % Hkv == 0: grouped heads
 
 The same contract as flash2_mma.forward: bottom-right causal mask (query i sees key j when j <= i + Tk - Tq), a
 row that sees no key gives o = 0 and lse = -inf, any Tq, Tk >= 1. Head dimension d = 64, 128 or 256 only (the
@@ -15,18 +16,19 @@ the CPU (tests/test_hopper_attn_compile.py).
 Needs a Hopper GPU (compute capability 9.x): the file is compiled with NVRTC for sm_90a to a CUBIN
 (kernels.core.load_module(..., arch="sm_90a")), as kernels/hopper/hopper_gemm.py explains. q, k and v are read by TMA
 through tensor maps built with cuTensorMapEncodeTiled (kernels.hopper.hopper_gemm.tensor_map): each as a (B*H, T, d)
-tensor read in boxes of 64 columns x block_m (q) or block_n (k, v) rows with the 128-byte swizzle, (B*H) being the
-third dimension so that a box hanging over the end of one head reads zeros, not the next head's rows.
+tensor (k and v (B*Hkv, T, d), query head h reading kv head h / (H / Hkv)) read in boxes of 64 columns x block_m (q) or
+block_n (k, v) rows with the 128-byte swizzle, (B*H) being the third dimension so that a box hanging over the end of one
+head reads zeros, not the next head's rows.
 
 The tiling (query rows per CTA, keys per K/V tile, ring slots) is chosen per head dimension and mask (TILES,
 default_tiles); the launch too (default_launch): persistent, one CTA per SM walking the work tiles in a fixed order
 without the causal mask and taking them from a queue, longest first, with it (at d = 256 one CTA per tile there).
 
-The variants of reference/variants.py (forward_variants; forward takes them too): k, v with fewer heads than q
-(grouped-query attention), window=(left, right), prefix, doc_ids_q / doc_ids_k, alibi_slopes and softcap, checked by
+The variants of reference/variants.py (forward_variants; forward takes them too): window=(left, right), prefix,
+doc_ids_q / doc_ids_k, alibi_slopes and softcap (with grouped heads or without), checked by
 flash2_mma's variant_spec and check_variant_arrays (the same rules and messages), built as the kernel's variant entry
 points (-D VARIANT_MODS); document ids are classified per (query tile, key tile) by flash2_mma's class kernel at this
-kernel's tile sizes.
+kernel's tile sizes. Their launch is variant_launch's: the queue under a mask, except with documents or at d = 256.
 """
 
 from __future__ import annotations
